@@ -1,0 +1,144 @@
+"""Run a Hugging Face causal LM with our own cache and attention, calling the model's own submodules.
+
+Nothing is copied from the modeling files: projections, norms, MLP, rotary embedding and the rotary
+application function all come from the loaded model (so biases, tied embeddings and rope scaling are
+whatever the model was configured with). The adapter only knows where those pieces live.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from .attention import attend
+
+SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
+
+
+class CacheLike(Protocol):
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def keys(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def key_positions(self, layer: int, end: int) -> torch.Tensor: ...
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """Where a module computes: accelerate's execution device when hooked, else its first real parameter."""
+    hook = getattr(module, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    for p in module.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
+
+
+class ModelAdapter:
+    """Forward passes of a supported HF causal LM over a `CacheLike` cache.
+
+    forward(ids, positions, cache, start, block_mask) writes the K/V of the T new tokens at slots
+    [start, start + T) and lets them attend to slots [0, start) plus each other through `block_mask`.
+    It returns the last decoder layer's output *before* the final norm (what the heads read).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        config = model.config
+        family = getattr(config, "model_type", None)
+        if family not in SUPPORTED_FAMILIES or not hasattr(model, "model") or not hasattr(model, "lm_head"):
+            raise ValueError(
+                f"unsupported model type {family!r} ({type(model).__name__}): TokenSwift supports causal LMs of the "
+                f"{', '.join(SUPPORTED_FAMILIES)} families (e.g. LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)"
+            )
+        self.model = model
+        self.config = config
+        self.family = family
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        attn = self.layers[0].self_attn
+        self.head_dim: int = attn.head_dim
+        self.scaling: float = attn.scaling
+        self.num_heads: int = config.num_attention_heads
+        self.num_kv_heads: int = config.num_key_value_heads
+        self.hidden_size: int = config.hidden_size
+        self.vocab_size: int = config.vocab_size
+        self.windows = [self._window_of(i, layer) for i, layer in enumerate(self.layers)]
+        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.layer_devices = [module_device(layer) for layer in self.layers]
+        self.embed_device = module_device(self.inner.embed_tokens)
+        self.head_device = module_device(model.lm_head)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.embed_tokens.weight.dtype if self.inner.embed_tokens.weight.device.type != "meta" else torch.float32
+
+    def _window_of(self, index: int, layer: nn.Module) -> int | None:
+        if self.family == "mistral":
+            return getattr(self.config, "sliding_window", None)
+        if self.family == "qwen2":
+            return getattr(layer.self_attn, "sliding_window", None)
+        return None
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: CacheLike,
+        start: int,
+        block_mask: torch.Tensor | None = None,
+        capture_queries: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids, positions: (T,) int64. block_mask: (T, T) bool, True = may attend (None: all).
+        Returns hidden (T, hidden) before the final norm, and per layer the rotated queries (Hq, T, d)
+        when `capture_queries`."""
+        t = ids.shape[0]
+        h = self.inner.embed_tokens(ids.to(self.embed_device)[None])  # (1, T, H)
+        pos = positions.to(h.device)
+        cos, sin = self.inner.rotary_emb(h, pos[None])  # (1, T, d) each
+        per_device: dict[torch.device, tuple] = {}
+        queries: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            device = self.layer_devices[i]
+            if device not in per_device:
+                mask = None if block_mask is None else block_mask.to(device)
+                per_device[device] = (cos.to(device), sin.to(device), mask, pos.to(device))
+            cos_d, sin_d, mask_d, pos_d = per_device[device]
+            h = h.to(device)
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(1, t, self.num_heads, self.head_dim).transpose(1, 2)  # (1, Hq, T, d)
+            k = attn.k_proj(x).view(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (1, Hkv, T, d)
+            v = attn.v_proj(x).view(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k = self._apply_rope(q, k, cos_d, sin_d)
+            cache.write(i, start, k[0], v[0])
+            keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
+            extra = self._window_mask(i, cache, start, pos_d)
+            o = attend(q[0], keys, values, self.scaling, mask_d, extra)  # (Hq, T, d)
+            o = o.transpose(0, 1).reshape(1, t, self.num_heads * self.head_dim)
+            h = h + attn.o_proj(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if capture_queries:
+                queries.append(q[0])
+        return h[0], queries
+
+    def _window_mask(self, layer: int, cache: CacheLike, start: int, positions: torch.Tensor) -> torch.Tensor | None:
+        """(Hkv or 1, T, S) bool for sliding-window layers, None when every key is inside the window."""
+        window = self.windows[layer]
+        if window is None or int(positions.max()) < window:
+            return None
+        prefix = cache.key_positions(layer, start).to(positions.device)  # (Hkv or 1, start)
+        block = positions[None].expand(prefix.shape[0], -1)
+        keys = torch.cat([prefix, block], dim=1)  # (Hkv or 1, S)
+        return (positions[None, :, None] - keys[:, None, :]) < window
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (T, H) before the final norm -> logits (T, V) in float32."""
+        x = self.inner.norm(hidden.to(module_device(self.inner.norm)))
+        return self.model.lm_head(x.to(self.head_device)).float()

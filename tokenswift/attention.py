@@ -1,0 +1,106 @@
+"""Grouped-query attention over a preallocated cache, with a mask only where one is needed.
+
+The keys are the cache prefix (visible to every query, no mask) followed by the T new tokens (the
+"block", masked by a causal or tree mask). GQA never materialises repeated K/V: the g query heads of a
+group are stacked into the query rows of their KV head, so one matmul per KV head reads K once. Long
+key ranges are processed in chunks merged by log-sum-exp (as flash-decoding merges splits), which keeps
+score tensors inside the CPU cache.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KEY_CHUNK = 4096
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    block_mask: torch.Tensor | None = None,
+    extra_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: (Hq, T, d); k, v: (Hkv, S, d) with the T new tokens as the last T keys.
+
+    block_mask: (T, T) bool, True where query i may see new token j (None: all visible).
+    extra_mask: (Hkv or 1, T, S) bool, True = allowed (sliding windows); None: no extra restriction.
+    Returns (Hq, T, d).
+    """
+    if q.device.type == "cuda":
+        return _attend_sdpa(q, k, v, scale, block_mask, extra_mask)
+    hq, t, d = q.shape
+    hkv, s, _ = k.shape
+    g = hq // hkv
+    qs = q.reshape(hkv, g * t, d)  # (Hkv, g*T, d): query heads of a group stacked as rows
+    if s <= KEY_CHUNK:
+        out = _attend_chunk(qs, k, v, scale, 0, s, t, g, block_mask, extra_mask)[0]
+    else:
+        out = _attend_chunked(qs, k, v, scale, t, g, block_mask, extra_mask)
+    return out.reshape(hq, t, d)
+
+
+def _masked_scores(
+    qs: torch.Tensor, k: torch.Tensor, scale: float, c0: int, c1: int, t: int, g: int,
+    block_mask: torch.Tensor | None, extra_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Scores of stacked queries against keys [c0, c1): (Hkv, g*T, c1-c0) float32, masked with -inf."""
+    hkv, s = k.shape[0], k.shape[1]
+    scores = torch.matmul(qs, k[:, c0:c1].transpose(1, 2)).float() * scale
+    block_start = s - t
+    if block_mask is not None and c1 > block_start:
+        lo = max(c0, block_start)
+        view = scores.view(hkv, g, t, c1 - c0)[..., lo - c0 :]
+        view.masked_fill_(~block_mask[:, lo - block_start : c1 - block_start], float("-inf"))
+    if extra_mask is not None:
+        view = scores.view(hkv, g, t, c1 - c0)
+        view.masked_fill_(~extra_mask[:, None, :, c0:c1], float("-inf"))
+    return scores
+
+
+def _attend_chunk(qs, k, v, scale, c0, c1, t, g, block_mask, extra_mask):
+    scores = _masked_scores(qs, k, scale, c0, c1, t, g, block_mask, extra_mask)
+    if c0 == 0 and c1 == k.shape[1]:
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs.to(v.dtype), v[:, c0:c1]), None, None
+    peak = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # (Hkv, g*T, 1)
+    weights = torch.exp(scores - peak)
+    total = weights.sum(dim=-1, keepdim=True)
+    return torch.matmul(weights.to(v.dtype), v[:, c0:c1]).float(), peak, total
+
+
+def _attend_chunked(qs, k, v, scale, t, g, block_mask, extra_mask):
+    s = k.shape[1]
+    acc = peak = total = None
+    for c0 in range(0, s, KEY_CHUNK):
+        c1 = min(s, c0 + KEY_CHUNK)
+        out, m, l = _attend_chunk(qs, k, v, scale, c0, c1, t, g, block_mask, extra_mask)
+        if acc is None:
+            acc, peak, total = out, m, l
+            continue
+        new_peak = torch.maximum(peak, m)
+        a, b = torch.exp(peak - new_peak), torch.exp(m - new_peak)
+        acc = acc * a + out * b
+        total = total * a + l * b
+        peak = new_peak
+    return (acc / total).to(v.dtype)
+
+
+def _attend_sdpa(q, k, v, scale, block_mask, extra_mask):
+    hq, t, d = q.shape
+    s = k.shape[1]
+    mask = None
+    if block_mask is not None or extra_mask is not None:
+        mask = torch.ones(1, t, s, dtype=torch.bool, device=q.device)
+        if block_mask is not None:
+            mask[:, :, s - t :] = block_mask
+        if extra_mask is not None:
+            mask = mask & extra_mask  # (Hkv or 1, T, S)
+            if mask.shape[0] > 1:  # per-KV-head mask: expand to query heads
+                mask = mask.repeat_interleave(hq // k.shape[0], dim=0)
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=None if mask is None else mask[None], scale=scale,
+        enable_gqa=k.shape[0] != hq,
+    )
+    return out[0]

@@ -1,0 +1,420 @@
+"""AR and TokenSwift generation loops over one engine, emitting one Step event per iteration."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from . import events as ev
+from .acceptance import exact_walk, per_row_walk
+from .adapter import ModelAdapter
+from .heads import Heads, read_head_tensors
+from .kv_cache import KVCache
+from .ngram import NGramTable
+from .partial_cache import PartialKVCache
+from .sampling import UniformStream, apply_penalty, decide
+from .settings import Settings
+from .tree import SOURCE_HEAD, SOURCE_NGRAM, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
+
+METHODS = ("ar", "tokenswift")
+PREFILL_CHUNK = 256
+NGRAM_SIZE = 4
+
+
+@dataclass
+class Result:
+    prompt_ids: list[int]
+    token_ids: list[int]  # new tokens only
+    text: str
+    stats: dict = field(default_factory=dict)
+
+
+class Generator:
+    """A loaded model (plus optional heads and tokenizer) that generates with AR or TokenSwift."""
+
+    def __init__(self, model: nn.Module, tokenizer=None, heads: Heads | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.adapter = ModelAdapter(model)
+        self._heads: Heads | None = None
+        if heads is not None:
+            self.set_heads(heads)
+
+    # ---- construction ------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
+                        dtype: torch.dtype | str | None = None, heads: bool = True, **model_kwargs) -> "Generator":
+        """Load a model, its tokenizer and (when the checkpoint has them) its TokenSwift heads.
+
+        device: "cpu", "cuda", "cuda:1", or "auto" (accelerate's device_map). dtype: torch dtype or its
+        name ("bfloat16"); None keeps the checkpoint's. Never runs remote code."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(dtype, str):
+            dtype = _parse_dtype(dtype)
+        kwargs = dict(model_kwargs)
+        kwargs["dtype"] = dtype if dtype is not None else "auto"
+        kwargs["trust_remote_code"] = False
+        if device == "auto":
+            kwargs["device_map"] = "auto"
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        if device not in (None, "auto"):
+            model = model.to(device)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        gen = cls(model, tokenizer)
+        if heads:
+            local = _local_dir(path)
+            if read_head_tensors(local):
+                gen.set_heads(Heads.load(model, local))
+        return gen
+
+    @property
+    def heads(self) -> Heads | None:
+        return self._heads
+
+    def set_heads(self, heads: Heads | None) -> None:
+        """Attach multi-token heads (moved to the LM head's device and the model's dtype), or None for
+        n-gram drafts only."""
+        if heads is not None:
+            if heads.hidden_size != self.adapter.hidden_size:
+                raise ValueError(f"heads have hidden size {heads.hidden_size}, the model {self.adapter.hidden_size}")
+            heads = heads.to(device=self.adapter.head_device, dtype=self.adapter.dtype).eval()
+        self._heads = heads
+
+    # ---- generation --------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this generator has no tokenizer: pass the prompt as a list of token ids")
+            ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            if not ids:
+                start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+                if start is None:
+                    raise ValueError("the prompt is empty: type some text to start from")
+                ids = [start]
+            return ids
+        ids = list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token id")
+        vocab = self.adapter.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def stream(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
+               method: str = "tokenswift", seed: int = 0, stop: threading.Event | None = None) -> Iterator[ev.Step]:
+        """Generate, yielding one Step per iteration. Setting `stop` ends the run after the current
+        iteration. Timings count only the engine's own compute, not the time the consumer holds a step."""
+        settings = settings if settings is not None else Settings()
+        if not isinstance(settings, Settings):
+            raise ValueError("settings must be a tokenswift.Settings")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        ids = self.encode(prompt)
+        run = _Run(self, ids, settings, max_new_tokens, method, seed)
+        return run.steps(stop)
+
+    def generate(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
+                 method: str = "tokenswift", seed: int = 0, stop: threading.Event | None = None) -> Result:
+        prompt_ids = self.encode(prompt)
+        new: list[int] = []
+        stats = _Stats()
+        for step in self.stream(prompt_ids, settings, max_new_tokens, method, seed, stop):
+            new.extend(step.token_ids)
+            stats.add(step)
+        return Result(prompt_ids, new, self.decode(new), stats.summary(method))
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"dtype must be one of {', '.join(table)}, got {name!r}")
+    return table[name]
+
+
+def _local_dir(path: str | Path) -> Path:
+    local = Path(path)
+    if local.exists():
+        return local
+    from huggingface_hub import snapshot_download  # a hub id: the files are already in the local cache
+
+    return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+
+
+class _Stats:
+    """Running totals over Step events -> the summary in Result.stats."""
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.tokens = 0
+        self.by_source: dict[str, int] = {}
+        self.nodes = 0
+        self.draft_s = self.verify_s = self.bookkeeping_s = 0.0
+        self.elapsed_s = 0.0
+        self.prefill_s = 0.0
+        self.refreshes = 0
+
+    def add(self, step: ev.Step) -> None:
+        self.iterations += 1
+        self.tokens += len(step.tokens)
+        for t in step.tokens:
+            self.by_source[t.source] = self.by_source.get(t.source, 0) + 1
+        self.nodes += max(0, len(step.tree) - 1)
+        self.draft_s += step.timings.draft_s
+        self.verify_s += step.timings.verify_s
+        self.bookkeeping_s += step.timings.bookkeeping_s
+        self.elapsed_s = step.elapsed_s
+        self.prefill_s = step.prefill_s
+        self.refreshes = step.cache.refreshes
+
+    def summary(self, method: str) -> dict:
+        it = max(1, self.iterations)
+        return {
+            "method": method,
+            "new_tokens": self.tokens,
+            "iterations": self.iterations,
+            "mean_accepted": self.tokens / it,
+            "accepted_by_source": dict(self.by_source),
+            "mean_draft_nodes": self.nodes / it,
+            "time_s": self.elapsed_s,
+            "prefill_s": self.prefill_s,
+            "tokens_per_s": self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "bookkeeping_s": self.bookkeeping_s,
+            "partial_refreshes": self.refreshes,
+        }
+
+
+class _Run:
+    """The state of one generation: caches, token history, n-gram table, random stream."""
+
+    def __init__(self, gen: Generator, ids: list[int], settings: Settings, max_new: int, method: str, seed: int) -> None:
+        self.gen, self.a, self.s = gen, gen.adapter, settings
+        self.method, self.max_new = method, max_new
+        self.ids = list(ids)
+        self.uniforms = UniformStream(seed)
+        self.walk = exact_walk if settings.acceptance == "exact" else per_row_walk
+        heads = gen.heads
+        self.paths = parse_tree(settings.tree) if method == "tokenswift" else []
+        if heads is None:
+            self.paths = []  # no heads: n-gram drafts only
+        else:
+            self.paths = [p for p in self.paths if len(p) <= 1 + heads.num_heads]
+        self.widths = tree_widths(self.paths)
+        self.use_ngrams = method == "tokenswift" and settings.ngram_reuse and settings.ngram_topk > 0
+        max_nodes = 1 + len(self.paths) + (self.widths[0] if self.widths else 1) * settings.ngram_topk * NGRAM_SIZE
+        capacity = len(ids) + max_new + max_nodes + 1
+        self.seq = torch.zeros(capacity, dtype=torch.long)  # token history for the penalty window
+        self.seq[: len(ids)] = torch.tensor(ids)
+        a = self.a
+        self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.dtype)
+        self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
+        self.partial: PartialKVCache | None = None
+        self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    def window(self, extra: list[int]) -> torch.Tensor:
+        """The last `penalty_window` tokens of history + `extra` (a node's drafted ancestors)."""
+        if self.s.penalty == 1.0:
+            return self.seq[:0]
+        n, w = len(self.ids), self.s.penalty_window
+        if not extra:
+            return self.seq[max(0, n - w) : n]
+        tail = self.seq[max(0, n + len(extra) - w) : n]
+        return torch.cat([tail, torch.tensor(extra, dtype=torch.long)])[-w:]
+
+    def _sync(self) -> None:
+        if self.full.k and self.full.k[0].device.type == "cuda":
+            torch.cuda.synchronize(self.full.k[0].device)
+
+    def cache_state(self, with_positions: bool) -> ev.CacheState:
+        f = self.full
+        if self.method == "ar":
+            mode = "none"
+        else:
+            mode = self.s.kv_mode if self.paths else "none"
+        state = ev.CacheState(f.length, f.capacity, f.bytes_used(), mode)
+        p = self.partial
+        if p is not None:
+            ps = p.state()
+            state.partial_budget, state.partial_sink = ps.budget, ps.sink
+            state.partial_selected, state.partial_recent = ps.selected, ps.recent
+            state.refreshed, state.refreshes = ps.refreshed, ps.refreshes
+            if with_positions or ps.refreshed:
+                held = p.held_positions()[: p.kept]
+                state.held_positions = ev.position_runs(held)
+        return state
+
+    # ---- prefill -------------------------------------------------------------------------------------
+    def prefill(self) -> list[torch.Tensor]:
+        """Run every prompt token but the last through the full cache. Returns per layer the query of the
+        last prefilled token (Hq, d), for the partial cache's first selection."""
+        body = self.ids[:-1]
+        queries: list[torch.Tensor] = []
+        for start in range(0, len(body), PREFILL_CHUNK):
+            chunk = body[start : start + PREFILL_CHUNK]
+            t = len(chunk)
+            causal = torch.ones(t, t, dtype=torch.bool).tril_()
+            ids = torch.tensor(chunk)
+            _, q = self.a.forward(ids, torch.arange(start, start + t), self.full, start, causal, capture_queries=True)
+            queries = [x[:, -1] for x in q]
+            self.full.length = start + t
+        return queries
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def steps(self, stop: threading.Event | None) -> Iterator[ev.Step]:
+        t0 = time.perf_counter()
+        queries = self.prefill()
+        if self.ngrams is not None:
+            self.ngrams.extend(self.ids)
+        if self.paths and self.s.kv_mode != "full":
+            report = self.a.num_layers // 2
+            self.partial = PartialKVCache(self.full, self.s.kv_budget, self.s.kv_sink, self.s.recent_capacity,
+                                          self.s.kv_mode, report)
+            self.partial.refresh(self.full, queries)
+        self._sync()
+        prefill_s = time.perf_counter() - t0
+        generated, elapsed, index = 0, 0.0, 0
+        while generated < self.max_new:
+            if stop is not None and stop.is_set():
+                return
+            timings = ev.Timings()
+            if self.method == "ar":
+                tokens, tree = self.ar_step(timings)
+            else:
+                tokens, tree = self.tokenswift_step(timings)
+            t_book = time.perf_counter()
+            tokens = tokens[: self.max_new - generated]
+            done = False
+            if self.s.stop_at_eos and self.eos is not None:
+                for i, tok in enumerate(tokens):
+                    if tok.token == self.eos:
+                        tokens, done = tokens[: i + 1], True
+                        break
+            generated += len(tokens)
+            done = done or generated >= self.max_new
+            cache = self.cache_state(with_positions=index == 0)
+            timings.bookkeeping_s += time.perf_counter() - t_book
+            elapsed += timings.total_s
+            yield ev.Step(index, self.method, tokens, cache, timings, generated, elapsed, prefill_s, tree, done)
+            index += 1
+            if done:
+                return
+
+    def commit(self, tokens: list[int]) -> None:
+        n = len(self.ids)
+        self.ids.extend(tokens)
+        self.seq[n : n + len(tokens)] = torch.tensor(tokens)
+        if self.ngrams is not None:
+            self.ngrams.extend(tokens)
+
+    def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode]]:
+        t = time.perf_counter()
+        last, pos = self.ids[-1], len(self.ids) - 1
+        h, _ = self.a.forward(torch.tensor([last]), torch.tensor([pos]), self.full, self.full.length)
+        logits = self.a.logits(h)[0]
+        token, _ = decide(logits, self.window([]), self.s, self.uniforms.next() if not self.s.greedy else 0.0)
+        timings.verify_s = time.perf_counter() - t
+        t = time.perf_counter()
+        self.full.length += 1
+        self.commit([token])
+        timings.bookkeeping_s = time.perf_counter() - t
+        return [ev.AcceptedToken(token, ev.FROM_AR)], []
+
+    def draft(self) -> DraftTree:
+        """The draft pass (one forward of the last token over the partial cache: base + head
+        distributions) and n-gram reuse, merged into one trie."""
+        last = self.ids[-1]
+        tree = DraftTree.with_root(last)
+        firsts: list[int] = []
+        if self.paths:
+            cache = self.full if self.partial is None else self.partial
+            start = self.full.length if self.partial is None else self.partial.count
+            pos = torch.tensor([len(self.ids) - 1])
+            h, _ = self.a.forward(torch.tensor([last]), pos, cache, start)  # (1, H)
+            rows = [self.a.logits(h)[0]]
+            if len(self.widths) > 1:
+                head_hidden = self.gen.heads(h.to(self.a.head_device))[: len(self.widths) - 1]  # (k, 1, H)
+                rows.extend(self.a.model.lm_head(head_hidden[:, 0]).float())
+            logits = torch.stack(rows)  # (depths, V)
+            if self.s.penalty != 1.0:
+                window = self.window([])
+                logits = torch.stack([apply_penalty(r, window, self.s.penalty) for r in logits])
+            probs = torch.softmax(logits, dim=-1)
+            cands, cprobs = [], []
+            for d, width in enumerate(self.widths):
+                top = torch.topk(probs[d], width)
+                cands.append(top.indices.tolist())
+                cprobs.append(top.values.tolist())
+            for tokens, p in build_head_paths(cands, cprobs, self.paths):
+                tree.add_path(tokens, SOURCE_HEAD, p)
+            firsts = cands[0]
+        if self.ngrams is not None:
+            keys = firsts if firsts else [last]
+            for first in keys:
+                found = self.ngrams.top(first, self.s.ngram_topk)
+                total = sum(c for _, c in found) or 1
+                for cont, count in found:
+                    path = [first, *cont] if firsts else list(cont)
+                    tree.add_path(path, SOURCE_NGRAM, [count / total] * len(path))
+        return tree
+
+    def tokenswift_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode]]:
+        t = time.perf_counter()
+        tree = self.draft()
+        self._sync()
+        timings.draft_s = time.perf_counter() - t
+
+        t = time.perf_counter()
+        base = self.full.length  # slot of the root (the last accepted token)
+        tokens = torch.tensor(tree.tokens)
+        positions = base + torch.tensor(tree.depths)
+        mask = ancestor_mask(tree.parents)
+        h, queries = self.a.forward(tokens, positions, self.full, base, mask, capture_queries=self.partial is not None)
+        logits = self.a.logits(h)  # (N, V)
+        timings.verify_s = time.perf_counter() - t
+
+        t = time.perf_counter()
+        samples: dict[int, int] = {}
+        child_probs: dict[int, float] = {}
+
+        def pick(node: int) -> int:
+            ancestors = [tree.tokens[i] for i in tree.path_to(node)]
+            u = 0.0 if self.s.greedy else self.uniforms.next()
+            token, probs = decide(logits[node], self.window(ancestors), self.s, u)
+            samples[node] = token
+            for child in tree.children[node].values():
+                child_probs[child] = float(probs[tree.tokens[child]])
+            return token
+
+        path, bonus = self.walk(tree, pick)
+        self.full.compact([base + node for node in path], base + 1)
+        self.full.length = base + len(path) + 1
+        new_tokens = [tree.tokens[node] for node in path] + [bonus]
+        self.commit(new_tokens)
+        if self.partial is not None:
+            last_row = path[-1] if path else 0
+            self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])
+        accepted = [ev.AcceptedToken(tree.tokens[n], ev.FROM_NGRAM if tree.sources[n] == SOURCE_NGRAM else ev.FROM_HEAD,
+                                     tree.depths[n]) for n in path]
+        accepted.append(ev.AcceptedToken(bonus, ev.FROM_BONUS, len(path) + 1))
+        on_path = set(path) | {0}
+        nodes = [ev.TreeNode(tree.tokens[i], tree.parents[i], tree.depths[i], tree.sources[i], tree.draft_probs[i],
+                             i in on_path, child_probs.get(i), samples.get(i)) for i in range(len(tree))]
+        timings.bookkeeping_s = time.perf_counter() - t
+        return accepted, nodes

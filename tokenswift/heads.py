@@ -1,0 +1,166 @@
+"""TokenSwift's multi-token heads: sequential residual blocks that share the model's LM head.
+
+h_0 is the last decoder layer's output before the final norm. Head i computes
+    h_i = h_{i-1} + W_i · RMSNorm_in_i(h_{i-1})        logits_i = lm_head(RMSNorm_post_i(h_i))
+and predicts the token at offset +2+i (the base LM head predicts +1). W_i is hidden x hidden, no bias.
+Official checkpoints store them in the model's state dict as `model.medusa_layers.{i}.linear.weight`,
+`.input_layernorm.weight` and `.post_layernorm.weight`, with `"medusa_heads": N` in config.json; we load and
+save exactly that layout.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+OFFICIAL_PREFIX = "model.medusa_layers."
+PARTS = ("linear.weight", "input_layernorm.weight", "post_layernorm.weight")
+
+
+class HeadBlock(nn.Module):
+    def __init__(self, hidden_size: int, norm_factory) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.input_layernorm = norm_factory()
+        self.post_layernorm = norm_factory()
+        nn.init.zeros_(self.linear.weight)  # a fresh head is the identity
+
+
+class Heads(nn.Module):
+    """A stack of `num_heads` sequential residual heads. `forward(h0)` returns the hidden state each
+    head feeds to the shared LM head: (num_heads, T, hidden)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, norm_factory) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        self.hidden_size = hidden_size
+        self.layers = nn.ModuleList(HeadBlock(hidden_size, norm_factory) for _ in range(num_heads))
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.layers)
+
+    @classmethod
+    def init(cls, model: nn.Module, num_heads: int = 3) -> "Heads":
+        """Fresh (identity) heads for `model`, with the model family's own RMSNorm class, on the model's
+        embedding device and dtype."""
+        config = model.config
+        norm_cls = type(model.model.norm)
+        eps = getattr(config, "rms_norm_eps", 1e-6)
+        heads = cls(config.hidden_size, num_heads, lambda: norm_cls(config.hidden_size, eps=eps))
+        ref = model.model.embed_tokens.weight
+        device = ref.device if ref.device.type != "meta" else torch.device("cpu")
+        return heads.to(device=device, dtype=ref.dtype)
+
+    def forward(self, h0: torch.Tensor) -> torch.Tensor:
+        """h0: (T, hidden) -> (num_heads, T, hidden), each already through its post norm."""
+        outs = []
+        h = h0
+        for block in self.layers:
+            h = h + block.linear(block.input_layernorm(h))
+            outs.append(block.post_layernorm(h))
+        return torch.stack(outs)
+
+    # ---- official layout -------------------------------------------------------------------------
+    def official_state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"{OFFICIAL_PREFIX}{i}.{part}": t.detach().contiguous().cpu()
+                for i, block in enumerate(self.layers)
+                for part, t in _parts(block).items()}
+
+    def load_official_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Strict: every expected key must be present with the right shape; no extra head keys."""
+        expected = {f"{OFFICIAL_PREFIX}{i}.{part}" for i in range(self.num_heads) for part in PARTS}
+        present = {k for k in tensors if k.startswith(OFFICIAL_PREFIX)}
+        missing, extra = sorted(expected - present), sorted(present - expected)
+        if missing or extra:
+            raise ValueError(f"head weights do not match {self.num_heads} heads: missing {missing[:4]}, unexpected {extra[:4]}")
+        for i, block in enumerate(self.layers):
+            for part, param in _parts(block).items():
+                value = tensors[f"{OFFICIAL_PREFIX}{i}.{part}"]
+                if tuple(value.shape) != tuple(param.shape):
+                    raise ValueError(f"{OFFICIAL_PREFIX}{i}.{part}: shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+                with torch.no_grad():
+                    param.copy_(value.to(param.dtype))
+
+    def save(self, path: str | Path) -> Path:
+        """Save as a standalone safetensors file in the official key layout (metadata: medusa_heads)."""
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            path = path / "heads.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(self.official_state_dict(), str(path), metadata={"medusa_heads": str(self.num_heads)})
+        return path
+
+    @classmethod
+    def load(cls, model: nn.Module, source: str | Path) -> "Heads":
+        """Load heads for `model` from a safetensors file or a checkpoint directory (official TokenSwift
+        checkpoints, a directory saved by `save_with_model`, or one holding `heads.safetensors`)."""
+        tensors = read_head_tensors(source)
+        if not tensors:
+            raise ValueError(f"no TokenSwift head weights ({OFFICIAL_PREFIX}*) found in {source}")
+        count = 1 + max(int(k[len(OFFICIAL_PREFIX):].split(".")[0]) for k in tensors)
+        heads = cls.init(model, num_heads=count)
+        heads.load_official_state_dict(tensors)
+        return heads
+
+
+def _parts(block: HeadBlock) -> dict[str, torch.Tensor]:
+    return {"linear.weight": block.linear.weight,
+            "input_layernorm.weight": block.input_layernorm.weight,
+            "post_layernorm.weight": block.post_layernorm.weight}
+
+
+def _safetensors_files(source: Path) -> list[Path]:
+    if source.is_file():
+        return [source]
+    index = source / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted({f for k, f in weight_map.items() if k.startswith(OFFICIAL_PREFIX)})
+        return [source / n for n in names]
+    return sorted(source.glob("*.safetensors"))
+
+
+def read_head_tensors(source: str | Path) -> dict[str, torch.Tensor]:
+    """All `model.medusa_layers.*` tensors found in a file or directory (empty dict if none)."""
+    source = Path(source)
+    if not source.exists():
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(source):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(OFFICIAL_PREFIX):
+                    out[key] = f.get_tensor(key)
+    return out
+
+
+def save_with_model(model: nn.Module, heads: Heads, tokenizer, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Save the model, tokenizer and heads together in the official layout: the head tensors sit
+    inside model.safetensors and config.json says `medusa_heads`. Plain transformers loads the result
+    (it reports the head keys as unexpected and ignores them)."""
+    directory = Path(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    weights = directory / "model.safetensors"
+    if not weights.exists():
+        raise ValueError("save_with_model expects a single-file checkpoint (model.safetensors)")
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(weights), framework="pt") as f:
+        metadata = f.metadata() or {}
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key)
+    for key, value in heads.official_state_dict().items():
+        tensors[key] = value.to(dtype or next(iter(tensors.values())).dtype)
+    save_file(tensors, str(weights), metadata=metadata)
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["medusa_heads"] = heads.num_heads
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return directory

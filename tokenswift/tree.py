@@ -1,0 +1,129 @@
+"""Draft trees as data: declarative specs, the candidate trie, and its attention mask.
+
+A tree spec is a list of *rank paths*: (0, 2, 1) means "the base model's top-1 candidate at depth 1, the
+first head's 3rd candidate at depth 2, the second head's 2nd candidate at depth 3". A product spec
+"1x3x3x3" expands to every path over those ranks (1 + 3 + 9 + 27 = 40 drafted nodes in the paper).
+
+The draft trie has node 0 as the root (the last accepted token, whose K/V is not yet cached); every other
+node is a drafted token. Equal prefixes share one node, whatever proposed them.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+TREE_PRESETS: dict[str, str] = {
+    "paper": "1x3x3x3",  # the official default: 40 drafted nodes
+    "wide": "2x3x2x2",
+    "medium": "1x2x2x2",  # 15 nodes
+    "small": "1x2x2",  # 7 nodes
+    "chain": "1x1x1x1",  # 4 nodes, one guess per head
+    "base-only": "1",  # only the base model's top-1 (no heads needed)
+    "none": "",  # no model drafts: n-gram reuse only
+}
+
+SOURCE_ROOT = "root"
+SOURCE_HEAD = "head"  # depth 1 is the base LM head, depth d > 1 is extra head d - 2
+SOURCE_NGRAM = "ngram"
+
+
+def parse_tree(spec: str) -> list[tuple[int, ...]]:
+    """A preset name or a product spec ("1x3x3x3") -> sorted list of rank paths (no root)."""
+    text = TREE_PRESETS.get(spec.strip(), spec.strip())
+    if text == "":
+        return []
+    try:
+        widths = [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        raise ValueError(
+            f"tree must be a preset ({', '.join(TREE_PRESETS)}) or widths like '1x3x3x3', got {spec!r}"
+        ) from None
+    if any(w < 1 or w > 64 for w in widths) or len(widths) > 16:
+        raise ValueError(f"tree widths must be between 1 and 64, at most 16 levels, got {spec!r}")
+    paths: list[tuple[int, ...]] = []
+    for depth in range(1, len(widths) + 1):
+        paths.extend(itertools.product(*(range(w) for w in widths[:depth])))
+    return paths
+
+
+def tree_widths(paths: list[tuple[int, ...]]) -> list[int]:
+    """How many candidates each depth needs (max rank + 1); depth 1 comes from the base LM head."""
+    depth = max((len(p) for p in paths), default=0)
+    return [1 + max(p[d] for p in paths if len(p) > d) for d in range(depth)]
+
+
+@dataclass
+class DraftTree:
+    """A trie of drafted tokens. Node 0 is the root (last accepted token)."""
+
+    tokens: list[int]
+    parents: list[int]  # -1 for the root
+    depths: list[int]
+    sources: list[str]
+    draft_probs: list[float]  # probability the proposer gave this token (1.0 for the root, count share for n-grams)
+    children: list[dict[int, int]] = field(default_factory=list)  # token -> child node
+
+    @classmethod
+    def with_root(cls, token: int) -> "DraftTree":
+        return cls([token], [-1], [0], [SOURCE_ROOT], [1.0], [{}])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_path(self, tokens: list[int], source: str, probs: list[float] | None = None, max_nodes: int = 10**9) -> None:
+        """Insert a path below the root, sharing existing prefixes. Stops when the tree is full."""
+        node = 0
+        for i, token in enumerate(tokens):
+            child = self.children[node].get(token)
+            if child is None:
+                if len(self.tokens) >= max_nodes:
+                    return
+                child = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.depths.append(self.depths[node] + 1)
+                self.sources.append(source)
+                self.draft_probs.append(probs[i] if probs is not None else 0.0)
+                self.children.append({})
+                self.children[node][token] = child
+            node = child
+
+    def path_to(self, node: int) -> list[int]:
+        """Nodes from the root's child down to `node` (the root itself excluded)."""
+        out: list[int] = []
+        while node > 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def leaves(self) -> list[int]:
+        return [i for i in range(len(self)) if not self.children[i]]
+
+
+def build_head_paths(
+    candidates: list[list[int]], candidate_probs: list[list[float]], paths: list[tuple[int, ...]]
+) -> list[tuple[list[int], list[float]]]:
+    """Rank paths -> token paths. candidates[d] are the ranked tokens proposed for depth d + 1."""
+    out = []
+    for path in paths:
+        if len(path) > len(candidates):
+            continue
+        if any(rank >= len(candidates[d]) for d, rank in enumerate(path)):
+            continue
+        tokens = [candidates[d][rank] for d, rank in enumerate(path)]
+        probs = [candidate_probs[d][rank] for d, rank in enumerate(path)]
+        out.append((tokens, probs))
+    return out
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """(N, N) bool: entry [i, j] is True when node j is node i or one of its ancestors."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, parent in enumerate(parents):  # parents always precede their children
+        if parent >= 0:
+            mask[i] = mask[parent]
+        mask[i, i] = True
+    return mask
