@@ -68,12 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
     _add_sampling_flags(p)
     p.set_defaults(func=cmd_generate)
-    try:
-        from .train.heads_cli import add_train_heads_parser
-    except ImportError:
-        pass
-    else:
-        add_train_heads_parser(sub)
+    from .train.heads import add_train_heads_parser
+
+    add_train_heads_parser(sub)
     return parser
 
 
