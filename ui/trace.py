@@ -7,6 +7,7 @@ plots), and only the most recent draft trees.
 """
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,10 @@ class MethodTrace:
     cache_length: int = 0
     trees: deque = field(default_factory=lambda: deque(maxlen=TREES_KEPT))  # (iteration, [TreeNode], [accepted])
     done: bool = False
+    # compact per-iteration records for export (a few bytes per iteration)
+    per_iteration_accepted: array = field(default_factory=lambda: array("H"))
+    per_iteration_nodes: array = field(default_factory=lambda: array("H"))
+    per_iteration_ms: array = field(default_factory=lambda: array("f"))  # draft, verify, bookkeeping per iteration
 
     @property
     def generated(self) -> int:
@@ -109,6 +114,10 @@ class MethodTrace:
         hist = self.length_hist.setdefault(n, {})
         hist[main] = hist.get(main, 0) + 1
         self.accepted.append(step.index, n)
+        self.per_iteration_accepted.append(min(n, 65535))
+        self.per_iteration_nodes.append(min(max(0, len(step.tree) - 1), 65535))
+        t = step.timings
+        self.per_iteration_ms.extend((t.draft_s * 1e3, t.verify_s * 1e3, t.bookkeeping_s * 1e3))
         c = step.cache
         self.cache_length = c.length
         self.cache_len.append(step.generated, c.length)

@@ -1,0 +1,163 @@
+"""The Gradio Blocks layout: controls, the two panes, four plots, step view, export/replay, the API."""
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterator
+
+import gradio as gr
+
+from tokenswift import Settings
+
+from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
+from .live import LiveApp
+from .render import SPEED_NOTE
+from .text import COLOR_MAP
+
+INTRO = """# TokenSwift Live
+Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.org/abs/2502.18890)), running for
+real: **AR** and **TokenSwift** side by side on the same model. TokenSwift drafts several tokens per step with
+multi-token heads and reused n-grams, verifies the whole draft tree in one forward pass, and keeps exactly the
+tokens the model itself would have produced."""
+
+CSS = """
+#ar-text, #ts-text {max-height: 420px; overflow-y: auto;}
+.pane-stats p {font-size: 0.9em;}
+"""
+
+
+def build_demo(app: LiveApp) -> gr.Blocks:
+    c: dict[str, gr.components.Component] = {}
+    with gr.Blocks(title="TokenSwift Live") as demo:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=320):
+                c["prompt"] = gr.Textbox(label="Prompt", lines=4, value=next(iter(EXAMPLE_PROMPTS.values())), elem_id="prompt")
+                gr.Examples(examples=[[p] for p in EXAMPLE_PROMPTS.values()], inputs=[c["prompt"]],
+                            example_labels=list(EXAMPLE_PROMPTS), label="Examples")
+                c["max_new"] = gr.Number(label="Max new tokens", value=500, minimum=1, maximum=MAX_NEW_TOKENS, precision=0,
+                                         elem_id="max-new")
+                with gr.Row():
+                    c["run"] = gr.Button("Run", variant="primary", elem_id="run-btn")
+                    c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                    c["step"] = gr.Button("Step", elem_id="step-btn")
+                c["status"] = gr.Markdown("Ready.", elem_id="status")
+                with gr.Accordion("Sampling", open=True):
+                    c["greedy"] = gr.Checkbox(label="Greedy (temperature 0)", value=False, elem_id="greedy")
+                    c["temperature"] = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature")
+                    c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.01, label="Top-p")
+                    c["min_p"] = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Min-p")
+                    c["seed"] = gr.Number(label="Seed", value=0, precision=0)
+                with gr.Accordion("Contextual penalty", open=False):
+                    c["penalty_on"] = gr.Checkbox(label="Penalise tokens of the last W tokens", value=True)
+                    c["theta"] = gr.Slider(1.0, 2.0, value=1.2, step=0.05, label="Theta")
+                    c["window"] = gr.Number(label="Window W", value=1024, precision=0)
+                with gr.Accordion("Drafting", open=False):
+                    c["reuse_on"] = gr.Checkbox(label="Token reuse (4-gram table)", value=True)
+                    c["ngram_topk"] = gr.Slider(1, 40, value=20, step=1, label="Reused n-grams per candidate (top-k)")
+                    c["tree"] = gr.Dropdown(TREE_CHOICES, value="paper", label="Draft tree preset",
+                                            info="paper = 1x3x3x3 (40 nodes); smaller trees cost less on a CPU")
+                    c["kv_mode"] = gr.Radio(["dynamic", "once", "full"], value="dynamic", label="Partial KV cache for drafting",
+                                            info="dynamic: re-select when the recent tail is full; once: select at prefill; full: no partial cache")
+                    c["kv_budget"] = gr.Number(label="Partial KV budget (positions)", value=1024, precision=0)
+                c["model"] = gr.Dropdown(app.models.names(), value=app.models.names()[0], label="Model")
+            with gr.Column(scale=3):
+                c["summary"] = gr.Markdown("", elem_id="summary")
+                with gr.Row():
+                    with gr.Column():
+                        c["ar_stats"] = gr.Markdown("**AR**", elem_classes=["pane-stats"], elem_id="ar-stats")
+                        c["ar_text"] = gr.HighlightedText(label="AR (repeated spans highlighted)", color_map=COLOR_MAP,
+                                                          combine_adjacent=True, show_legend=True, elem_id="ar-text")
+                    with gr.Column():
+                        c["ts_stats"] = gr.Markdown("**TokenSwift**", elem_classes=["pane-stats"], elem_id="ts-stats")
+                        c["ts_text"] = gr.HighlightedText(label="TokenSwift (coloured by where each token came from)",
+                                                          color_map=COLOR_MAP, combine_adjacent=True, show_legend=True,
+                                                          elem_id="ts-text")
+                gr.Markdown(SPEED_NOTE)
+                with gr.Row():
+                    c["tree_plot"] = gr.Plot(label="Draft tree", elem_id="tree-plot")
+                    c["accepted_plot"] = gr.Plot(label="Accepted tokens per iteration", elem_id="accepted-plot")
+                with gr.Row():
+                    c["kv_plot"] = gr.Plot(label="KV cache", elem_id="kv-plot")
+                    c["repetition_plot"] = gr.Plot(label="Repetition", elem_id="repetition-plot")
+                c["distinct"] = gr.Markdown("", elem_id="distinct")
+                with gr.Row():
+                    c["tree_pick"] = gr.Number(label="Show the draft tree of iteration (-1: latest)", value=-1, precision=0)
+                    c["tree_show"] = gr.Button("Show tree")
+                with gr.Accordion("Classroom step view", open=True):
+                    c["step_caption"] = gr.Markdown("Press **Step** to run exactly one TokenSwift iteration.",
+                                                    elem_id="step-caption")
+                    c["step_table"] = gr.Dataframe(
+                        headers=["node", "depth", "token", "source", "draft p", "target p", "target drew", "why"],
+                        label="Draft nodes: candidates, target samples and verdicts", interactive=False, wrap=True,
+                        elem_id="step-table")
+                with gr.Row():
+                    c["export"] = gr.Button("Export run (JSON)", elem_id="export-btn")
+                    c["export_file"] = gr.File(label="Exported run", interactive=False, elem_id="export-file")
+                    c["replay_file"] = gr.UploadButton("Load a trace to replay", file_types=[".json"], type="filepath",
+                                                       elem_id="replay-btn")
+
+        control_names = ["prompt", "max_new", "greedy", "temperature", "top_p", "min_p", "seed", "penalty_on", "theta",
+                         "window", "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "model"]
+        inputs = [c[n] for n in control_names]
+        view_names = ["ar_text", "ts_text", "ar_stats", "ts_stats", "summary", "status", "tree_plot", "accepted_plot",
+                      "kv_plot", "repetition_plot", "distinct", "step_caption", "step_table"]
+        views = [c[n] for n in view_names]
+
+        run_event = c["run"].click(_by_name(app.run, c, streaming=True), inputs, views, concurrency_limit=1,
+                                   concurrency_id="engine", api_visibility="private")
+        c["stop"].click(app.stop, None, c["status"], api_visibility="private")
+        c["step"].click(_by_name(app.step, c), inputs, views, concurrency_limit=1, concurrency_id="engine",
+                        api_visibility="private")
+        c["export"].click(app.export, None, c["export_file"], api_visibility="private")
+        c["replay_file"].upload(_by_name(app.replay, c), c["replay_file"], views, api_visibility="private")
+        c["tree_show"].click(app.pick_tree, c["tree_pick"], c["tree_plot"], api_visibility="private")
+        demo.unload(app.close_session)
+        _ = run_event
+        gr.api(_api_generate(app), api_name="generate", concurrency_limit=1, concurrency_id="engine")
+    return demo
+
+
+def _by_name(fn: Callable, components: dict, streaming: bool = False) -> Callable:
+    """Adapt a handler that returns/yields {name: value} to Gradio's {component: value}."""
+    def convert(update: dict) -> dict:
+        return {components[k]: v for k, v in update.items()}
+
+    if streaming:
+        def stream(*args, request: gr.Request):
+            for update in fn(*args, request=request):
+                yield convert(update)
+        return stream
+
+    def call(*args, request: gr.Request):
+        return convert(fn(*args, request=request))
+    return call
+
+
+def _api_generate(app: LiveApp) -> Callable:
+    def generate(prompt: str, max_new_tokens: int = 200, method: str = "tokenswift", settings_json: str = "{}",
+                 seed: int = 0, model: str = "") -> Iterator[str]:
+        """Stream a generation. `settings_json` holds tokenswift.Settings fields, e.g.
+        {"temperature": 1.0, "min_p": 0.1, "penalty": 1.2}. Yields JSON strings
+        {"text", "new_tokens", "done", "stats"}; the last one has done = true."""
+        try:
+            settings = Settings.from_dict(json.loads(settings_json or "{}"))
+        except (ValueError, TypeError) as exc:
+            raise gr.Error(f"invalid settings: {exc}") from None
+        if method not in ("ar", "tokenswift"):
+            raise gr.Error("method must be 'ar' or 'tokenswift'")
+        if not isinstance(max_new_tokens, (int, float)) or not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
+            raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}")
+        name = model or app.models.names()[0]
+        gen = app._generator(name)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise gr.Error("prompt must be a non-empty string")
+        ids: list[int] = []
+        iterations, compute = 0, 0.0
+        for step in gen.stream(prompt, settings, int(max_new_tokens), method=method, seed=int(seed)):
+            ids.extend(step.token_ids)
+            iterations, compute = step.index + 1, step.elapsed_s
+            stats = {"method": method, "iterations": iterations, "new_tokens": len(ids),
+                     "mean_accepted": len(ids) / iterations, "compute_s": compute,
+                     "tokens_per_s": len(ids) / compute if compute else 0.0}
+            yield json.dumps({"text": gen.decode(ids), "new_tokens": len(ids), "done": step.done, "stats": stats})
+    return generate

@@ -1,0 +1,214 @@
+"""Event handlers of the app: run, stop, step, export, replay. One `LiveApp` per server.
+
+Per-session objects (the running worker, the classroom step session) live in `sessions`, keyed by the
+browser session; they are dropped when the tab closes. Handlers turn every user mistake into a
+`gr.Error` message and never let an exception take the server down.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import gradio as gr
+
+from . import render
+from .controls import RunControls, parse_controls
+from .export import load_trace_file, write_trace_file
+from .models import ModelCache
+from .runner import Finished, Runner, RunRequest
+from .trace import RunTrace
+
+TEXT_PERIOD_S = 0.25  # text and stats refresh
+PLOT_PERIOD_S = 0.75  # plots refresh (the browser, not the server, is the bottleneck)
+POLL_S = 0.05
+
+
+@dataclass
+class Session:
+    runner: Runner | None = None
+    trace: RunTrace | None = None
+    model: str = ""
+    greedy: bool = True
+    step_stream: Iterator | None = None
+    step_key: tuple | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LiveApp:
+    def __init__(self, models: ModelCache) -> None:
+        self.models = models
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    # ---- sessions ---------------------------------------------------------------------------------------
+    def session(self, request: gr.Request | None) -> Session:
+        key = getattr(request, "session_hash", None) or "anonymous"
+        with self._lock:
+            return self.sessions.setdefault(key, Session())
+
+    def close_session(self, request: gr.Request) -> None:
+        key = getattr(request, "session_hash", None) or "anonymous"
+        with self._lock:
+            session = self.sessions.pop(key, None)
+        if session is not None and session.runner is not None:
+            session.runner.stop()
+
+    def _controls(self, values: tuple) -> RunControls:
+        try:
+            return parse_controls(*values)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+
+    def _generator(self, name: str):
+        try:
+            return self.models.get(name)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+
+    # ---- run -------------------------------------------------------------------------------------------------
+    def run(self, *values, request: gr.Request = None) -> Iterator[dict]:
+        """Streams both panes. Yields dicts keyed by output name (mapped to components by the layout)."""
+        controls = self._controls(values)
+        gen = self._generator(controls.model)
+        try:
+            prompt_ids = gen.encode(controls.prompt)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        session = self.session(request)
+        if session.runner is not None:
+            session.runner.stop()
+        trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
+        runner = Runner(gen, RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed))
+        session.runner, session.trace, session.model = runner, trace, controls.model
+        session.greedy = controls.settings.greedy
+        runner.start()
+        decode, decode_one = gen.decode, _one(gen)
+        last_text = last_plot = 0.0
+        try:
+            yield {"status": "Prefilling the prompt…"}
+            while True:
+                finished = None
+                for event in runner.drain():
+                    if isinstance(event, Finished):
+                        finished = event
+                    else:
+                        trace.add(event)
+                now = time.monotonic()
+                if finished is not None:
+                    yield self._full_update(trace, decode, decode_one, session.greedy, _final_status(finished, trace))
+                    return
+                if now - last_plot >= PLOT_PERIOD_S:
+                    last_plot = last_text = now
+                    yield self._full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
+                elif now - last_text >= TEXT_PERIOD_S:
+                    last_text = now
+                    yield self._text_update(trace, decode, session.greedy, _running_status(trace))
+                time.sleep(POLL_S)
+        finally:
+            runner.stop()  # Stop button, closed tab or an error: the worker ends within one iteration
+
+    def _text_update(self, trace: RunTrace, decode, greedy: bool, status: str) -> dict:
+        return {
+            "ar_text": render.ar_segments(trace.ar, decode), "ts_text": render.ts_segments(trace.tokenswift, decode),
+            "ar_stats": render.pane_stats(trace.ar, trace.max_new_tokens),
+            "ts_stats": render.pane_stats(trace.tokenswift, trace.max_new_tokens),
+            "summary": render.summary(trace, greedy), "status": status,
+        }
+
+    def _full_update(self, trace: RunTrace, decode, decode_one, greedy: bool, status: str) -> dict:
+        out = self._text_update(trace, decode, greedy, status)
+        tree, accepted, kv, repetition = render.all_plots(trace, decode_one)
+        out.update(tree_plot=tree, accepted_plot=accepted, kv_plot=kv, repetition_plot=repetition,
+                   distinct=render.distinct_line(trace))
+        return out
+
+    def stop(self, request: gr.Request = None) -> str:
+        session = self.session(request)
+        if session.runner is not None and session.runner.alive:
+            session.runner.stop()
+            return "Stopping after the current iteration…"
+        return "Nothing is running."
+
+    # ---- classroom step mode ----------------------------------------------------------------------------------
+    def step(self, *values, request: gr.Request = None) -> dict:
+        controls = self._controls(values)
+        gen = self._generator(controls.model)
+        session = self.session(request)
+        key = (controls.prompt, controls.model, controls.seed, tuple(sorted(controls.settings.to_dict().items())))
+        with session.lock:
+            if session.step_stream is None or session.step_key != key:
+                try:
+                    prompt_ids = gen.encode(controls.prompt)
+                except ValueError as exc:
+                    raise gr.Error(str(exc)) from None
+                session.step_stream = gen.stream(prompt_ids, controls.settings, controls.max_new_tokens,
+                                                 method="tokenswift", seed=controls.seed)
+                session.step_key = key
+                session.trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
+                session.model, session.greedy = controls.model, controls.settings.greedy
+            step = next(session.step_stream, None)
+            if step is None:
+                session.step_stream = None
+                return {"step_caption": "The run reached its token limit: press Step again to start over.",
+                        "status": "Step mode: finished."}
+            trace = session.trace
+            trace.add(step)
+        decode_one = _one(gen)
+        caption, rows = render.step_explanation(trace.tokenswift, decode_one)
+        out = self._full_update(trace, gen.decode, decode_one, session.greedy,
+                                f"Step mode: iteration {step.index} done ({trace.tokenswift.generated:,} tokens).")
+        out.update(step_caption=caption, step_table=rows)
+        return out
+
+    # ---- export and replay ----------------------------------------------------------------------------------
+    def export(self, request: gr.Request = None) -> str:
+        session = self.session(request)
+        if session.trace is None:
+            raise gr.Error("Nothing to export yet: run or step first.")
+        gen = self._generator(session.model)
+        return write_trace_file(session.trace, gen.decode, session.model)
+
+    def replay(self, path: str | None, request: gr.Request = None) -> dict:
+        if not path:
+            raise gr.Error("Choose a trace file (.json) exported by this app.")
+        try:
+            trace, data = load_trace_file(path)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        model = data.get("model", "")
+        gen = self.models.get(model) if model in self.models.models else self.models.get(self.models.names()[0])
+        greedy = float(trace.settings.get("temperature", 0.0)) == 0.0
+        session = self.session(request)
+        session.trace, session.model, session.greedy = trace, model if model in self.models.models else self.models.names()[0], greedy
+        return self._full_update(trace, gen.decode, _one(gen), greedy,
+                                 f"Replaying a saved run ({trace.tokenswift.generated:,} + {trace.ar.generated:,} tokens).")
+
+    def pick_tree(self, iteration: float | None, request: gr.Request = None) -> Any:
+        session = self.session(request)
+        if session.trace is None:
+            raise gr.Error("No run yet.")
+        gen = self._generator(session.model)
+        pick = None if iteration is None or iteration < 0 else int(iteration)
+        return render.tree_figure(session.trace.tokenswift, _one(gen), pick)
+
+
+def _one(gen):
+    def decode_one(token: int) -> str:
+        return gen.decode([token])
+
+    return decode_one
+
+
+def _running_status(trace: RunTrace) -> str:
+    return (f"Running… TokenSwift {trace.tokenswift.generated:,} and AR {trace.ar.generated:,} of "
+            f"{trace.max_new_tokens:,} tokens")
+
+
+def _final_status(finished: Finished, trace: RunTrace) -> str:
+    if finished.error:
+        return f"⚠️ The run ended with an error: {finished.error}"
+    if finished.stopped:
+        return f"Stopped at TokenSwift {trace.tokenswift.generated:,} / AR {trace.ar.generated:,} tokens."
+    return f"Done: {trace.tokenswift.generated:,} tokens each."
