@@ -76,3 +76,20 @@ def test_unsupported_model_is_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(ValueError, match="llama, qwen2, mistral"):
         ts.Generator(model)
+
+
+def test_accelerate_device_map_with_disk_offload_keeps_working(tmp_path):
+    """accelerate's hooks are honoured: a layer offloaded to disk (weights on `meta`) still runs."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("llama-gqa", seed=2)
+    model.save_pretrained(tmp_path)
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu",
+                  "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    offloaded = AutoModelForCausalLM.from_pretrained(tmp_path, device_map=device_map, offload_folder=tmp_path / "off")
+    assert offloaded.model.layers[1].self_attn.q_proj.weight.device.type == "meta"
+    prompt = list(range(10, 40))
+    expected = ts.Generator(model).generate(prompt, ts.Settings(), 50, method="ar").token_ids
+    gen = ts.Generator(offloaded, heads=ts.Heads.init(offloaded, 2))
+    assert gen.generate(prompt, ts.Settings(), 50, method="ar").token_ids == expected
+    assert gen.generate(prompt, ts.Settings(kv_budget=32, kv_sink=4), 50).token_ids == expected
