@@ -62,7 +62,14 @@ class Generator:
         kwargs["trust_remote_code"] = False
         if device == "auto":
             kwargs["device_map"] = "auto"
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the head tensors are read below; the "unexpected keys" report is noise
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        finally:
+            hf_logging.set_verbosity(verbosity)
         if device not in (None, "auto"):
             model = model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))

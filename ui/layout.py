@@ -11,7 +11,7 @@ from tokenswift import Settings
 from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
 from .live import LiveApp
 from .render import SPEED_NOTE
-from .text import COLOR_MAP
+from .text import AR_COLORS, TS_COLORS
 
 INTRO = """# TokenSwift Live
 Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.org/abs/2502.18890)), running for
@@ -65,20 +65,20 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                 with gr.Row():
                     with gr.Column():
                         c["ar_stats"] = gr.Markdown("**AR**", elem_classes=["pane-stats"], elem_id="ar-stats")
-                        c["ar_text"] = gr.HighlightedText(label="AR (repeated spans highlighted)", color_map=COLOR_MAP,
+                        c["ar_text"] = gr.HighlightedText(label="AR (repeated spans highlighted)", color_map=AR_COLORS,
                                                           combine_adjacent=True, show_legend=True, elem_id="ar-text")
                     with gr.Column():
                         c["ts_stats"] = gr.Markdown("**TokenSwift**", elem_classes=["pane-stats"], elem_id="ts-stats")
                         c["ts_text"] = gr.HighlightedText(label="TokenSwift (coloured by where each token came from)",
-                                                          color_map=COLOR_MAP, combine_adjacent=True, show_legend=True,
+                                                          color_map=TS_COLORS, combine_adjacent=True, show_legend=True,
                                                           elem_id="ts-text")
                 gr.Markdown(SPEED_NOTE)
                 with gr.Row():
-                    c["tree_plot"] = gr.Plot(label="Draft tree", elem_id="tree-plot")
-                    c["accepted_plot"] = gr.Plot(label="Accepted tokens per iteration", elem_id="accepted-plot")
+                    c["tree_plot"] = gr.Plot(label="Draft tree", elem_id="tree-plot", show_label=False)
+                    c["accepted_plot"] = gr.Plot(label="Accepted tokens per iteration", elem_id="accepted-plot", show_label=False)
                 with gr.Row():
-                    c["kv_plot"] = gr.Plot(label="KV cache", elem_id="kv-plot")
-                    c["repetition_plot"] = gr.Plot(label="Repetition", elem_id="repetition-plot")
+                    c["kv_plot"] = gr.Plot(label="KV cache", elem_id="kv-plot", show_label=False)
+                    c["repetition_plot"] = gr.Plot(label="Repetition", elem_id="repetition-plot", show_label=False)
                 c["distinct"] = gr.Markdown("", elem_id="distinct")
                 with gr.Row():
                     c["tree_pick"] = gr.Number(label="Show the draft tree of iteration (-1: latest)", value=-1, precision=0)
@@ -123,12 +123,12 @@ def _by_name(fn: Callable, components: dict, streaming: bool = False) -> Callabl
         return {components[k]: v for k, v in update.items()}
 
     if streaming:
-        def stream(*args, request: gr.Request):
+        def stream(request: gr.Request, *args):
             for update in fn(*args, request=request):
                 yield convert(update)
         return stream
 
-    def call(*args, request: gr.Request):
+    def call(request: gr.Request, *args):
         return convert(fn(*args, request=request))
     return call
 

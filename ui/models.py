@@ -13,8 +13,9 @@ DEFAULT_MODEL_DIR = ROOT / "assets" / "default-model"
 
 
 def allowlist() -> dict[str, str]:
-    """Display name -> local directory. Extra entries come from TOKENSWIFT_MODELS="name=path;name2=path2"."""
-    models = {DEFAULT_MODEL_NAME: str(DEFAULT_MODEL_DIR)}
+    """Display name -> local directory. TOKENSWIFT_DEFAULT_MODEL replaces the bundled model's directory;
+    extra entries come from TOKENSWIFT_MODELS="name=path;name2=path2"."""
+    models = {DEFAULT_MODEL_NAME: os.environ.get("TOKENSWIFT_DEFAULT_MODEL") or str(DEFAULT_MODEL_DIR)}
     for item in filter(None, (os.environ.get("TOKENSWIFT_MODELS") or "").split(";")):
         name, sep, path = item.partition("=")
         if sep and name.strip() and path.strip():

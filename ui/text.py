@@ -5,7 +5,8 @@ from typing import Callable
 
 SOURCE_LABELS = {"head": "head draft", "ngram": "n-gram reuse", "bonus": "target / bonus", "ar": None}
 REPEATED = "repeated"
-COLOR_MAP = {"head draft": "#4c78a8", "n-gram reuse": "#f58518", "target / bonus": "#e2b007", REPEATED: "#e45756"}
+TS_COLORS = {"head draft": "#4c78a8", "n-gram reuse": "#f58518", "target / bonus": "#e2b007"}
+AR_COLORS = {REPEATED: "#e45756"}
 LIVE_WINDOW = 1500  # tokens shown while streaming; the whole text is in the export
 
 
