@@ -19,7 +19,7 @@ def test_train_heads_learns_resumes_and_saves_official_layout(tmp_path):
     text.write_text((SAMPLE_TEXT.replace(". ", ".\n")) * 10, encoding="utf-8")
     common = ["--model", str(model_dir), "--text-file", str(text), "--out", str(tmp_path / "run"),
               "--context", "32", "--batch-size", "4", "--eval-every", "20", "--val-windows", "4", "--warmup", "5",
-              "--lr", "1e-2", "--bf16", "false"]
+              "--lr", "1e-2", "--bf16", "false", "--distill", "0.5"]
     first = run(*common, "--steps", "20")
     assert first.returncode == 0, first.stderr
     second = run(*common, "--steps", "60", "--save-model", str(tmp_path / "with-heads"))

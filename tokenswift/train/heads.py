@@ -42,6 +42,8 @@ class HeadsTrainSettings:
     eval_every: int = field(default=100, metadata={"help": "steps between validations"})
     checkpoint_minutes: float = field(default=5.0, metadata={"help": "minutes between checkpoints"})
     minutes: float = field(default=0.0, metadata={"help": "wall-clock budget in minutes (0: none)"})
+    distill: float = field(default=0.0, metadata={"help": "weight of the KL term to the base model's own distribution "
+                                                           "at the target position (self-distillation); 0: labels only"})
     bf16: bool = field(default=True, metadata={"help": "bf16 autocast for the frozen base model"})
     seed: int = field(default=0, metadata={"help": "random seed"})
 
@@ -100,14 +102,25 @@ def last_layer_hidden(model, ids: torch.Tensor, bf16: bool) -> torch.Tensor:
     return captured["h"].float()
 
 
-def head_losses(model, heads: Heads, h0: torch.Tensor, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Cross-entropy of head i against the token at offset +2+i. h0: (B, T, H); ids: (B, T)."""
+def head_losses(model, heads: Heads, h0: torch.Tensor, ids: torch.Tensor, distill: float = 0.0) -> list[torch.Tensor]:
+    """Per head: cross-entropy against the token at offset +2+i, mixed (weight `distill`) with the KL
+    from the base model's own distribution for that token (its logits one position earlier, given the
+    true prefix) to the head's. h0: (B, T, H); ids: (B, T)."""
     outs = heads(h0)  # (K, B, T, H)
+    teacher = None
+    if distill > 0:
+        with torch.no_grad():
+            teacher = F.log_softmax(model.lm_head(model.model.norm(h0)).float(), dim=-1)  # (B, T, V)
     losses = []
     for i in range(heads.num_heads):
         shift = 2 + i
         logits = model.lm_head(outs[i][:, :-shift].to(model.lm_head.weight.dtype)).float()  # (B, T-shift, V)
-        losses.append(F.cross_entropy(logits.transpose(1, 2), ids[:, shift:]))
+        loss = F.cross_entropy(logits.transpose(1, 2), ids[:, shift:])
+        if teacher is not None:
+            target = teacher[:, shift - 1 : -1]  # the base model's distribution of token t+2+i, (B, T-shift, V)
+            kl = F.kl_div(F.log_softmax(logits, dim=-1), target, log_target=True, reduction="none").sum(-1).mean()
+            loss = (1 - distill) * loss + distill * kl
+        losses.append(loss)
     return losses
 
 
@@ -186,7 +199,7 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
             group["lr"] = lr_at(s, step)
         ids = sampler.sample(s.batch_size).to(dev)
         h0 = last_layer_hidden(model, ids, s.bf16)
-        losses = head_losses(model, heads, h0, ids)
+        losses = head_losses(model, heads, h0, ids, s.distill)
         loss = sum(losses) / len(losses)
         opt.zero_grad(set_to_none=True)
         loss.backward()
