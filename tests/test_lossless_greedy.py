@@ -63,6 +63,7 @@ CONFIGS = {
     "noreuse-once": dict(ngram_reuse=False, kv_mode="once", kv_budget=64, kv_sink=4, kv_recent=16),
     "reuse-full": dict(ngram_reuse=True, kv_mode="full"),
     "noreuse-dynamic-small-tree": dict(ngram_reuse=False, tree="1x2x2", kv_mode="dynamic", kv_budget=48, kv_sink=4),
+    "fused-reuse": dict(draft="fused", ngram_reuse=True),
 }
 
 
@@ -78,14 +79,16 @@ def test_tokenswift_equals_hf(family, config):
 PENALTY = dict(penalty=1.3, penalty_window=64)
 
 
-@pytest.mark.parametrize("reuse,kv_mode", [(True, "dynamic"), (False, "full"), (True, "once")])
+@pytest.mark.parametrize("reuse,kv_mode,draft", [(True, "dynamic", "paper"), (False, "full", "paper"),
+                                                (True, "once", "paper"), (True, "dynamic", "fused")])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tokenswift_equals_ar_with_penalty(family, reuse, kv_mode):
+def test_tokenswift_equals_ar_with_penalty(family, reuse, kv_mode, draft):
     model, gen, prompt, _ = setup(family)
     ar = gen.generate(prompt, ts.Settings(**PENALTY), NEW, method="ar").token_ids
-    settings = ts.Settings(ngram_reuse=reuse, kv_mode=kv_mode, kv_budget=64, kv_sink=4, kv_recent=16, **PENALTY)
+    settings = ts.Settings(ngram_reuse=reuse, kv_mode=kv_mode, kv_budget=64, kv_sink=4, kv_recent=16, draft=draft,
+                           **PENALTY)
     result = gen.generate(prompt, settings, NEW)
-    assert_same_or_tie(model, prompt, ar, result.token_ids, f"{family} TokenSwift[penalty,{kv_mode}] vs AR", **{
+    assert_same_or_tie(model, prompt, ar, result.token_ids, f"{family} TokenSwift[penalty,{kv_mode},{draft}] vs AR", **{
         "penalty": PENALTY["penalty"], "window": PENALTY["penalty_window"]})
     assert result.stats["mean_accepted"] > 1.0
 

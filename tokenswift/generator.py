@@ -218,13 +218,16 @@ class _Run:
         self.walk = exact_walk if settings.acceptance == "exact" else per_row_walk
         heads = gen.heads
         self.paths = parse_tree(settings.tree) if method == "tokenswift" else []
+        self.fused = settings.draft == "fused" and heads is not None
         if heads is None:
             self.paths = []  # no heads: n-gram drafts only
-        else:
-            self.paths = [p for p in self.paths if len(p) <= 1 + heads.num_heads]
+        else:  # paper: base LM head + each extra head; fused: the extra heads only
+            levels = heads.num_heads if self.fused else 1 + heads.num_heads
+            self.paths = [p for p in self.paths if len(p) <= levels]
+        self.fused_hidden: torch.Tensor | None = None  # (1, H) verification hidden state at the last accepted node
         self.widths = tree_widths(self.paths)
         self.use_ngrams = method == "tokenswift" and settings.ngram_reuse and settings.ngram_topk > 0
-        max_nodes = 1 + len(self.paths) + (self.widths[0] if self.widths else 1) * settings.ngram_topk * NGRAM_SIZE
+        max_nodes = 1 + len(self.paths) + ((self.widths[0] if self.widths else 0) + 1) * settings.ngram_topk * NGRAM_SIZE
         capacity = len(ids) + max_new + max_nodes + 1
         self.seq = torch.zeros(capacity, dtype=torch.long)  # token history for the penalty window
         self.seq[: len(ids)] = torch.tensor(ids)
@@ -251,10 +254,10 @@ class _Run:
 
     def cache_state(self, with_positions: bool) -> ev.CacheState:
         f = self.full
-        if self.method == "ar":
+        if self.method == "ar" or not self.paths:
             mode = "none"
         else:
-            mode = self.s.kv_mode if self.paths else "none"
+            mode = "fused" if self.fused else self.s.kv_mode
         state = ev.CacheState(f.length, f.capacity, f.bytes_used(), mode)
         p = self.partial
         if p is not None:
@@ -289,7 +292,7 @@ class _Run:
         queries = self.prefill()
         if self.ngrams is not None:
             self.ngrams.extend(self.ids)
-        if self.paths and self.s.kv_mode != "full":
+        if self.paths and self.s.kv_mode != "full" and not self.fused:
             report = self.a.num_layers // 2
             self.partial = PartialKVCache(self.full, self.s.kv_budget, self.s.kv_sink, self.s.recent_capacity,
                                           self.s.kv_mode, report)
@@ -343,22 +346,33 @@ class _Run:
         timings.bookkeeping_s = time.perf_counter() - t
         return [ev.AcceptedToken(token, ev.FROM_AR)], []
 
+    def draft_logits(self) -> torch.Tensor:
+        """(levels, V) logits proposing depths 1, 2, ... of the tree.
+
+        paper: one forward of the last token over the partial cache; the base LM head proposes depth 1
+        and extra head i depth i + 2. fused (after the first iteration): extra head i applied to the
+        verification pass's hidden state at the last accepted node proposes depth i + 1."""
+        levels = len(self.widths)
+        if self.fused_hidden is not None:
+            head_hidden = self.gen.heads(self.fused_hidden)[:levels]  # (levels, 1, H)
+            return self.a.model.lm_head(head_hidden[:, 0]).float()
+        cache = self.full if self.partial is None else self.partial
+        start = self.full.length if self.partial is None else self.partial.count
+        pos = torch.tensor([len(self.ids) - 1])
+        h, _ = self.a.forward(torch.tensor([self.ids[-1]]), pos, cache, start)  # (1, H)
+        rows = [self.a.logits(h)[0]]
+        if levels > 1:
+            head_hidden = self.gen.heads(h.to(self.a.head_device))[: levels - 1]  # (levels - 1, 1, H)
+            rows.extend(self.a.model.lm_head(head_hidden[:, 0]).float())
+        return torch.stack(rows)
+
     def draft(self) -> DraftTree:
-        """The draft pass (one forward of the last token over the partial cache: base + head
-        distributions) and n-gram reuse, merged into one trie."""
+        """Model drafts (see `draft_logits`) and n-gram reuse, merged into one trie."""
         last = self.ids[-1]
         tree = DraftTree.with_root(last)
         firsts: list[int] = []
         if self.paths:
-            cache = self.full if self.partial is None else self.partial
-            start = self.full.length if self.partial is None else self.partial.count
-            pos = torch.tensor([len(self.ids) - 1])
-            h, _ = self.a.forward(torch.tensor([last]), pos, cache, start)  # (1, H)
-            rows = [self.a.logits(h)[0]]
-            if len(self.widths) > 1:
-                head_hidden = self.gen.heads(h.to(self.a.head_device))[: len(self.widths) - 1]  # (k, 1, H)
-                rows.extend(self.a.model.lm_head(head_hidden[:, 0]).float())
-            logits = torch.stack(rows)  # (depths, V)
+            logits = self.draft_logits()  # (depths, V)
             if self.s.penalty != 1.0:
                 window = self.window([])
                 logits = torch.stack([apply_penalty(r, window, self.s.penalty) for r in logits])
@@ -372,12 +386,16 @@ class _Run:
                 tree.add_path(tokens, SOURCE_HEAD, p)
             firsts = cands[0]
         if self.ngrams is not None:
-            keys = firsts if firsts else [last]
-            for first in keys:
-                found = self.ngrams.top(first, self.s.ngram_topk)
+            # n-grams starting with each depth-1 candidate (the paper), and, when the model proposes no
+            # depth-1 token of its own (no heads, or fused drafting), n-grams starting with the root.
+            starts = [(first, [first]) for first in firsts]
+            if not firsts or self.fused_hidden is not None:
+                starts.append((last, []))
+            for key, prefix in starts:
+                found = self.ngrams.top(key, self.s.ngram_topk)
                 total = sum(c for _, c in found) or 1
                 for cont, count in found:
-                    path = [first, *cont] if firsts else list(cont)
+                    path = prefix + list(cont)
                     tree.add_path(path, SOURCE_NGRAM, [count / total] * len(path))
         return tree
 
@@ -414,6 +432,8 @@ class _Run:
         self.full.length = base + len(path) + 1
         new_tokens = [tree.tokens[node] for node in path] + [bonus]
         self.commit(new_tokens)
+        if self.fused:
+            self.fused_hidden = h[path[-1] if path else 0 : (path[-1] if path else 0) + 1].to(self.a.head_device)
         if self.partial is not None:
             last_row = path[-1] if path else 0
             self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 KV_MODES = ("full", "once", "dynamic")
+DRAFT_MODES = ("paper", "fused")
 ACCEPTANCE_RULES = ("exact", "per_row_biased")
 
 
@@ -30,6 +31,10 @@ class Settings:
       kv_budget    positions held by the partial cache (per layer and KV head).
       kv_sink      first positions always kept.
       kv_recent    room for the recent tail (None: a quarter of the budget).
+      draft        "paper": a draft forward of the last token over the partial cache each iteration (the
+                   paper's scheme); "fused": no draft forward, the heads read the verification pass's hidden
+                   state at the last accepted token (one level shallower, no partial cache; measured option
+                   for CPUs, where the draft forward costs as much as an AR step).
     Other:
       stop_at_eos  stop when the tokenizer's end-of-sequence token is produced (off for long-form runs).
       acceptance   "exact" (lossless, one target sample per tree node) or "per_row_biased" (the original
@@ -50,6 +55,7 @@ class Settings:
     kv_budget: int = 4096
     kv_sink: int = 16
     kv_recent: int | None = None
+    draft: str = "paper"
     stop_at_eos: bool = False
     acceptance: str = "exact"
 
@@ -63,6 +69,7 @@ class Settings:
         _check(self.penalty_window >= 1, f"penalty_window must be >= 1, got {self.penalty_window}")
         _check(self.ngram_topk >= 0, f"ngram_topk must be >= 0, got {self.ngram_topk}")
         _check(self.kv_mode in KV_MODES, f"kv_mode must be one of {', '.join(KV_MODES)}, got {self.kv_mode!r}")
+        _check(self.draft in DRAFT_MODES, f"draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}")
         _check(self.kv_sink >= 0, f"kv_sink must be >= 0, got {self.kv_sink}")
         recent = self.recent_capacity
         _check(recent >= 1, f"kv_recent must be >= 1, got {recent}")
