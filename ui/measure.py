@@ -1,0 +1,117 @@
+"""Measure the app as a user runs it: generation speed with the UI streaming vs headless, page
+responsiveness during a long run, and the server's memory.
+
+    python -m ui.measure --tokens 2000            # speed: UI vs headless, same settings, same alternation
+    python -m ui.measure --tokens 20000 --probe   # also: click round-trips and server RSS during the run
+
+Needs Debian's chromium and playwright. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from app_server import AppServer  # noqa: E402
+
+from tokenswift import Generator  # noqa: E402
+from ui.controls import EXAMPLE_PROMPTS, parse_controls  # noqa: E402
+from ui.models import ModelCache  # noqa: E402
+from ui.runner import RunRequest, interleave  # noqa: E402
+
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def ui_defaults(tokens: int):
+    """The controls as the page starts (the layout's defaults), with the given token count."""
+    prompt = next(iter(EXAMPLE_PROMPTS.values()))
+    model = ModelCache().names()[0]
+    return parse_controls(prompt, tokens, False, 1.0, 1.0, 0.1, 0, True, 1.2, 1024, True, 20, "paper", "dynamic",
+                          1024, model)
+
+
+def headless(tokens: int) -> dict:
+    controls = ui_defaults(tokens)
+    gen: Generator = ModelCache().get(controls.model)
+    last = {}
+    t = time.perf_counter()
+    for step in interleave(gen, RunRequest(controls.prompt, controls.settings, tokens, controls.seed), threading.Event()):
+        last[step.method] = step
+    return {"wall_s": round(time.perf_counter() - t, 1),
+            **{f"{m}_tok_s": round(s.generated / s.elapsed_s, 1) for m, s in last.items()}}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def through_ui(tokens: int, probe: bool) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    srv = AppServer()
+    srv.wait_ready()
+    out: dict = {"rss_mb_idle": round(rss_mb(srv.proc.pid), 1)}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=LAUNCH_ARGS)
+            page = browser.new_page(viewport={"width": 1600, "height": 2000})
+            page.goto(srv.url)
+            page.wait_for_selector("#run-btn", timeout=60_000)
+            box = page.locator("#max-new input")
+            box.fill(str(tokens))
+            box.press("Tab")
+            t = time.perf_counter()
+            page.click("#run-btn")
+            clicks, rss = [], []
+            while "Done" not in page.locator("#status").inner_text():
+                if time.perf_counter() - t > 3600:
+                    raise TimeoutError("the run did not finish in an hour")
+                time.sleep(2.0)
+                rss.append(rss_mb(srv.proc.pid))
+                if probe:  # a user click during the run: how long until the page answers?
+                    c = time.perf_counter()
+                    page.locator("#tree-pick input").fill("-1")
+                    page.evaluate("() => document.querySelector('#summary').innerText.length")
+                    clicks.append(time.perf_counter() - c)
+            out["wall_s"] = round(time.perf_counter() - t, 1)
+            for method, sel in (("ar", "#ar-stats"), ("tokenswift", "#ts-stats")):
+                text = page.locator(sel).inner_text()
+                out[f"{method}_tok_s"] = float(re.search(r"([\d,.]+) tok/s", text).group(1).replace(",", ""))
+            out["rss_mb_peak"] = round(max(rss or [0]), 1)
+            out["rss_mb_end"] = round(rss_mb(srv.proc.pid), 1)
+            if clicks:
+                out["page_probe_ms_median"] = round(1000 * sorted(clicks)[len(clicks) // 2], 1)
+                out["page_probe_ms_max"] = round(1000 * max(clicks), 1)
+            page.screenshot(path=str(ROOT / "test-artifacts" / f"measure-{tokens}.png"), full_page=True)
+            browser.close()
+    finally:
+        srv.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ui.measure")
+    p.add_argument("--tokens", type=int, default=2000)
+    p.add_argument("--probe", action="store_true")
+    args = p.parse_args(argv)
+    ui = through_ui(args.tokens, args.probe)
+    head = headless(args.tokens)
+    report = {"tokens": args.tokens, "ui": ui, "headless": head,
+              "ui_over_headless": {m: round(ui[f"{m}_tok_s"] / head[f"{m}_tok_s"], 3) for m in ("ar", "tokenswift")}}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
