@@ -7,6 +7,13 @@ from tokenswift import TREE_PRESETS, Settings
 
 MAX_NEW_TOKENS = 50_000
 
+# The controls' starting values (the layout and the measurement script both read these).
+UI_DEFAULTS = dict(max_new=500, greedy=False, temperature=1.0, top_p=1.0, min_p=0.1, seed=0, penalty_on=True,
+                   theta=1.2, window=1024, reuse_on=True, ngram_topk=20, tree="paper", kv_mode="dynamic",
+                   kv_budget=1024, draft="paper")
+CONTROL_ORDER = ("max_new", "greedy", "temperature", "top_p", "min_p", "seed", "penalty_on", "theta", "window",
+                 "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "draft")
+
 EXAMPLE_PROMPTS = {
     "Austen (held-out Persuasion)": (
         "Anne Elliot, with all her claims of birth, beauty, and mind, to throw herself away at nineteen; "
@@ -32,7 +39,7 @@ class RunControls:
 
 def parse_controls(prompt: str, max_new_tokens: float, greedy: bool, temperature: float, top_p: float, min_p: float,
                    seed: float, penalty_on: bool, theta: float, window: float, reuse_on: bool, ngram_topk: float,
-                   tree: str, kv_mode: str, kv_budget: float, model: str) -> RunControls:
+                   tree: str, kv_mode: str, kv_budget: float, draft: str, model: str) -> RunControls:
     """Raises ValueError with a message meant for the user."""
     if prompt is None or not str(prompt).strip():
         raise ValueError("Type a prompt (or pick an example) first.")
@@ -46,7 +53,7 @@ def parse_controls(prompt: str, max_new_tokens: float, greedy: bool, temperature
         top_p=float(top_p), min_p=float(min_p),
         penalty=float(theta) if penalty_on else 1.0, penalty_window=_whole(window, "Penalty window"),
         ngram_reuse=bool(reuse_on), ngram_topk=_whole(ngram_topk, "N-gram top-k"),
-        tree=str(tree), kv_mode=str(kv_mode), kv_budget=_whole(kv_budget, "KV budget"),
+        tree=str(tree), kv_mode=str(kv_mode), kv_budget=_whole(kv_budget, "KV budget"), draft=str(draft),
     )
     if not greedy and settings.temperature == 0.0:
         raise ValueError("Temperature 0 is greedy: tick 'Greedy' or choose a temperature above 0.")
@@ -64,3 +71,9 @@ def _whole(value, name: str) -> int:
 
 
 TREE_CHOICES = list(TREE_PRESETS)
+
+
+def default_controls(prompt: str, model: str, **changes) -> RunControls:
+    """The controls as the page starts, with optional changes (e.g. max_new=2000)."""
+    values = {**UI_DEFAULTS, **changes}
+    return parse_controls(prompt, *(values[k] for k in CONTROL_ORDER), model)

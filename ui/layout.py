@@ -9,6 +9,7 @@ import gradio as gr
 from tokenswift import Settings
 
 from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
+from .controls import UI_DEFAULTS as D
 from .live import LiveApp
 from .render import SPEED_NOTE
 from .text import AR_COLORS, TS_COLORS
@@ -34,7 +35,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                 c["prompt"] = gr.Textbox(label="Prompt", lines=4, value=next(iter(EXAMPLE_PROMPTS.values())), elem_id="prompt")
                 gr.Examples(examples=[[p] for p in EXAMPLE_PROMPTS.values()], inputs=[c["prompt"]],
                             example_labels=list(EXAMPLE_PROMPTS), label="Examples")
-                c["max_new"] = gr.Number(label="Max new tokens", value=500, minimum=1, maximum=MAX_NEW_TOKENS, precision=0,
+                c["max_new"] = gr.Number(label="Max new tokens", value=D["max_new"], minimum=1, maximum=MAX_NEW_TOKENS, precision=0,
                                          elem_id="max-new")
                 with gr.Row():
                     c["run"] = gr.Button("Run", variant="primary", elem_id="run-btn")
@@ -42,23 +43,25 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["step"] = gr.Button("Step", elem_id="step-btn")
                 c["status"] = gr.Markdown("Ready.", elem_id="status")
                 with gr.Accordion("Sampling", open=True):
-                    c["greedy"] = gr.Checkbox(label="Greedy (temperature 0)", value=False, elem_id="greedy")
-                    c["temperature"] = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature")
-                    c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.01, label="Top-p")
-                    c["min_p"] = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Min-p")
-                    c["seed"] = gr.Number(label="Seed", value=0, precision=0)
+                    c["greedy"] = gr.Checkbox(label="Greedy (temperature 0)", value=D["greedy"], elem_id="greedy")
+                    c["temperature"] = gr.Slider(0.05, 2.0, value=D["temperature"], step=0.05, label="Temperature")
+                    c["top_p"] = gr.Slider(0.05, 1.0, value=D["top_p"], step=0.01, label="Top-p")
+                    c["min_p"] = gr.Slider(0.0, 0.5, value=D["min_p"], step=0.01, label="Min-p")
+                    c["seed"] = gr.Number(label="Seed", value=D["seed"], precision=0)
                 with gr.Accordion("Contextual penalty", open=False):
-                    c["penalty_on"] = gr.Checkbox(label="Penalise tokens of the last W tokens", value=True)
-                    c["theta"] = gr.Slider(1.0, 2.0, value=1.2, step=0.05, label="Theta")
-                    c["window"] = gr.Number(label="Window W", value=1024, precision=0)
+                    c["penalty_on"] = gr.Checkbox(label="Penalise tokens of the last W tokens", value=D["penalty_on"])
+                    c["theta"] = gr.Slider(1.0, 2.0, value=D["theta"], step=0.05, label="Theta")
+                    c["window"] = gr.Number(label="Window W", value=D["window"], precision=0)
                 with gr.Accordion("Drafting", open=False):
-                    c["reuse_on"] = gr.Checkbox(label="Token reuse (4-gram table)", value=True)
-                    c["ngram_topk"] = gr.Slider(1, 40, value=20, step=1, label="Reused n-grams per candidate (top-k)")
-                    c["tree"] = gr.Dropdown(TREE_CHOICES, value="paper", label="Draft tree preset",
+                    c["reuse_on"] = gr.Checkbox(label="Token reuse (4-gram table)", value=D["reuse_on"])
+                    c["ngram_topk"] = gr.Slider(1, 40, value=D["ngram_topk"], step=1, label="Reused n-grams per candidate (top-k)")
+                    c["tree"] = gr.Dropdown(TREE_CHOICES, value=D["tree"], label="Draft tree preset",
                                             info="paper = 1x3x3x3 (40 nodes); smaller trees cost less on a CPU")
-                    c["kv_mode"] = gr.Radio(["dynamic", "once", "full"], value="dynamic", label="Partial KV cache for drafting",
+                    c["kv_mode"] = gr.Radio(["dynamic", "once", "full"], value=D["kv_mode"], label="Partial KV cache for drafting",
                                             info="dynamic: re-select when the recent tail is full; once: select at prefill; full: no partial cache")
-                    c["kv_budget"] = gr.Number(label="Partial KV budget (positions)", value=1024, precision=0)
+                    c["kv_budget"] = gr.Number(label="Partial KV budget (positions)", value=D["kv_budget"], precision=0)
+                    c["draft"] = gr.Radio(["paper", "fused"], value=D["draft"], label="Drafting",
+                                          info="paper: a draft forward over the partial cache (the paper); fused: the heads read the verification pass (no draft forward; faster on a CPU)")
                 c["model"] = gr.Dropdown(app.models.names(), value=app.models.names()[0], label="Model")
             with gr.Column(scale=3):
                 c["summary"] = gr.Markdown("", elem_id="summary")
@@ -97,7 +100,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                                                        elem_id="replay-btn")
 
         control_names = ["prompt", "max_new", "greedy", "temperature", "top_p", "min_p", "seed", "penalty_on", "theta",
-                         "window", "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "model"]
+                         "window", "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "draft", "model"]
         inputs = [c[n] for n in control_names]
         view_names = ["ar_text", "ts_text", "ar_stats", "ts_stats", "summary", "status", "tree_plot", "accepted_plot",
                       "kv_plot", "repetition_plot", "distinct", "step_caption", "step_table"]

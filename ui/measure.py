@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
-from ui.controls import EXAMPLE_PROMPTS, parse_controls  # noqa: E402
+from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
 from ui.models import ModelCache  # noqa: E402
 from ui.runner import RunRequest, interleave  # noqa: E402
 
@@ -32,10 +32,7 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", 
 
 def ui_defaults(tokens: int):
     """The controls as the page starts (the layout's defaults), with the given token count."""
-    prompt = next(iter(EXAMPLE_PROMPTS.values()))
-    model = ModelCache().names()[0]
-    return parse_controls(prompt, tokens, False, 1.0, 1.0, 0.1, 0, True, 1.2, 1024, True, 20, "paper", "dynamic",
-                          1024, model)
+    return default_controls(next(iter(EXAMPLE_PROMPTS.values())), ModelCache().names()[0], max_new=tokens)
 
 
 def headless(tokens: int) -> dict:

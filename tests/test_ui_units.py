@@ -1,0 +1,90 @@
+"""UI pieces without a browser: control validation, export/replay round trip, step captions, text."""
+import json
+
+import pytest
+
+import tokenswift as ts
+from ui.controls import UI_DEFAULTS, default_controls, parse_controls, CONTROL_ORDER
+from ui.export import load_trace_file, trace_to_json, write_trace_file
+from ui.render import step_explanation, summary
+from ui.runner import RunRequest, interleave
+from ui.text import segments
+from ui.trace import RunTrace
+
+from conftest import random_heads, tiny_model
+
+
+def controls(**changes):
+    values = {**UI_DEFAULTS, **changes}
+    return ["a prompt", *(values[k] for k in CONTROL_ORDER), "model"]
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(max_new=0), "Max new tokens"), (dict(max_new=1.5), "whole number"), (dict(top_p=0.0), "top_p"),
+    (dict(kv_budget=8), "kv_budget"), (dict(tree="7x"), "tree"), (dict(temperature=0.0), "Temperature 0 is greedy"),
+    (dict(window="lots"), "Penalty window must be a number"),
+])
+def test_bad_controls_give_readable_messages(changes, message):
+    with pytest.raises(ValueError, match=message):
+        parse_controls(*controls(**changes))
+
+
+def test_empty_prompt_is_refused():
+    args = controls()
+    args[0] = "   "
+    with pytest.raises(ValueError, match="prompt"):
+        parse_controls(*args)
+
+
+def test_defaults_parse():
+    c = default_controls("Hello", "m", max_new=42)
+    assert c.max_new_tokens == 42 and c.settings.min_p == UI_DEFAULTS["min_p"]
+
+
+def finished_trace(tokens=60):
+    model = tiny_model("llama-gqa", seed=3)
+    gen = ts.Generator(model, heads=random_heads(model))
+    prompt = list(range(5, 40))
+    trace = RunTrace(prompt, ts.Settings().to_dict(), tokens)
+    import threading
+
+    for step in interleave(gen, RunRequest(prompt, ts.Settings(kv_budget=32, kv_sink=4), tokens), threading.Event()):
+        trace.add(step)
+    return gen, trace
+
+
+def test_export_and_replay_round_trip(tmp_path):
+    gen, trace = finished_trace()
+    path = write_trace_file(trace, gen.decode, "tiny")
+    loaded, data = load_trace_file(path)
+    assert data["model"] == "tiny" and data["identical_prefix"] == 60
+    assert loaded.tokenswift.token_ids == trace.tokenswift.token_ids and loaded.ar.token_ids == trace.ar.token_ids
+    assert loaded.tokenswift.length_hist == trace.tokenswift.length_hist
+    assert len(data["tokenswift"]["per_iteration"]["accepted"]) == trace.tokenswift.iterations
+    assert sum(data["tokenswift"]["per_iteration"]["accepted"]) == 60
+    assert [n.token for n in loaded.tokenswift.trees[-1][1]] == [n.token for n in trace.tokenswift.trees[-1][1]]
+    assert json.loads(json.dumps(trace_to_json(loaded, gen.decode, "tiny")))["ar"]["text"] == gen.decode(trace.ar.token_ids)
+
+
+@pytest.mark.parametrize("content,message", [("not json", "could not read"), ('{"format": "other"}', "not a TokenSwift"),
+                                             ('{"format": "tokenswift-live-trace/1"}', "incomplete")])
+def test_bad_trace_files_are_refused_clearly(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_trace_file(path)
+
+
+def test_step_explanation_names_each_verdict():
+    gen, trace = finished_trace(20)
+    caption, rows = step_explanation(trace.tokenswift, lambda t: gen.decode([t]))
+    assert "Draft" in caption and "Verify" in caption and "KV update" in caption
+    verdicts = [r[-1] for r in rows]
+    assert verdicts[0].startswith("root")
+    assert any(v.startswith(("accepted", "rejected")) for v in verdicts[1:])
+    assert "identical to AR: 20 of 20" in summary(trace, greedy=True)
+
+
+def test_live_text_window_hides_old_tokens_with_a_note():
+    segs = segments(list(range(100)), [None] * 100, lambda ids: "x" * len(ids), window=10)
+    assert segs[0][0].startswith("[… 90 earlier tokens") and segs[1] == ("x" * 10, None)
