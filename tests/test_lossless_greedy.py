@@ -106,3 +106,24 @@ def teardown_module(module):
     print(f"\n[greedy lossless] floating-point ties that explained a divergence: {len(TIES)}")
     for line in TIES:
         print("  ", line)
+
+
+@pytest.mark.parametrize("draft", ["paper", "fused"])
+def test_one_token_prompt_and_eos_stop(draft):
+    """Edge cases: nothing to prefill; stop_at_eos truncates right after the end-of-sequence token."""
+    model, gen, _, _ = setup("llama-gqa")
+    ar = gen.generate([7], ts.Settings(), 200, method="ar").token_ids
+    assert gen.generate([7], ts.Settings(draft=draft, kv_budget=32, kv_sink=4), 200).token_ids == ar
+
+    class Tok:  # a minimal tokenizer stand-in: only the eos id matters here
+        eos_token_id = ar[50]
+
+        def decode(self, ids, **kwargs):
+            return " ".join(map(str, ids))
+
+    gen.tokenizer = Tok()
+    try:
+        out = gen.generate([7], ts.Settings(draft=draft, stop_at_eos=True), 200).token_ids
+    finally:
+        gen.tokenizer = None
+    assert out == ar[: ar.index(Tok.eos_token_id) + 1]
