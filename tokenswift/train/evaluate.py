@@ -71,7 +71,7 @@ def long_run(gen: Generator, prompt: list[int], new: int, seed: int) -> dict:
     tail = result.token_ids[-2000:]
     return {"new_tokens": len(result.token_ids), "seconds": round(time.perf_counter() - t, 1),
             "mean_accepted": round(result.stats["mean_accepted"], 3),
-            "distinct_last_2000": {n: round(distinct(tail, n), 3) for n in (1, 2, 4)},
+            "distinct_last_2000": {f"distinct_{n}": round(distinct(tail, n), 3) for n in (1, 2, 4)},
             "most_common_token_share_last_2000": round(max(tail.count(t) for t in set(tail)) / len(tail), 3),
             "tail_text": gen.decode(tail[-300:])}
 
