@@ -23,6 +23,7 @@ from .trace import RunTrace
 TEXT_PERIOD_S = 0.25  # text and stats refresh
 PLOT_PERIOD_S = 0.75  # plots refresh (the browser, not the server, is the bottleneck)
 POLL_S = 0.05
+UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
 
 
 @dataclass
@@ -85,7 +86,7 @@ class LiveApp:
         session.greedy = controls.settings.greedy
         runner.start()
         decode, decode_one = gen.decode, _one(gen)
-        last_text = last_plot = 0.0
+        next_text = next_plot = 0.0
         try:
             yield {"status": "Prefilling the prompt…"}
             while True:
@@ -99,12 +100,18 @@ class LiveApp:
                 if finished is not None:
                     yield self._full_update(trace, decode, decode_one, session.greedy, _final_status(finished, trace))
                     return
-                if now - last_plot >= PLOT_PERIOD_S:
-                    last_plot = last_text = now
-                    yield self._full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
-                elif now - last_text >= TEXT_PERIOD_S:
-                    last_text = now
-                    yield self._text_update(trace, decode, session.greedy, _running_status(trace))
+                # Pace the updates by their own cost, so that rendering never takes more than UI_SHARE of the
+                # time (it shares the interpreter with the engine's worker thread).
+                if now >= next_plot:
+                    update = self._full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
+                    cost = time.monotonic() - now
+                    next_plot = now + max(PLOT_PERIOD_S, cost / UI_SHARE)
+                    next_text = now + max(TEXT_PERIOD_S, cost / UI_SHARE / 3)
+                    yield update
+                elif now >= next_text:
+                    update = self._text_update(trace, decode, session.greedy, _running_status(trace))
+                    next_text = now + max(TEXT_PERIOD_S, (time.monotonic() - now) / UI_SHARE)
+                    yield update
                 time.sleep(POLL_S)
         finally:
             runner.stop()  # Stop button, closed tab or an error: the worker ends within one iteration

@@ -6,7 +6,7 @@ from typing import Callable
 from tokenswift.events import TreeNode
 
 from . import plots
-from .text import repeat_labels, segments, source_labels
+from .text import LIVE_WINDOW, repeat_labels, segments, source_labels
 from .trace import MethodTrace, RunTrace
 
 Decode = Callable[[list[int]], str]
@@ -45,9 +45,15 @@ def ts_segments(m: MethodTrace, decode: Decode) -> list[tuple[str, str | None]]:
     return segments(m.token_ids, source_labels(m.sources), decode)
 
 
+REPEAT_LOOKBACK = 8192  # tokens searched for an earlier occurrence of what the pane shows
+
+
 def ar_segments(m: MethodTrace, decode: Decode, min_repeat: int = 12) -> list[tuple[str, str | None]]:
-    spans = plots.repeated_spans(m.token_ids, min_len=min_repeat)
-    return segments(m.token_ids, repeat_labels(m.token_ids, spans), decode)
+    """The AR pane's visible tail with verbatim repeats (of >= min_repeat tokens) highlighted."""
+    start = max(0, len(m.token_ids) - LIVE_WINDOW - REPEAT_LOOKBACK)
+    recent = m.token_ids[start:]
+    labels = [None] * start + repeat_labels(recent, plots.repeated_spans(recent, min_len=min_repeat))
+    return segments(m.token_ids, labels, decode)
 
 
 def latest_tree(m: MethodTrace, pick: int | None = None) -> tuple[int | None, list[TreeNode], list[int]]:
