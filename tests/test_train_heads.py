@@ -35,3 +35,19 @@ def test_train_heads_learns_resumes_and_saves_official_layout(tmp_path):
     assert gen.heads is not None and gen.heads.num_heads == 3
     out = gen.generate("It is a truth", ts.Settings(), 40)
     assert out.token_ids == gen.generate("It is a truth", ts.Settings(), 40, method="ar").token_ids
+
+
+def test_train_heads_stops_at_its_time_budget_after_a_final_validation(tmp_path):
+    model_dir = save_tiny_checkpoint(tmp_path / "m", with_heads=False)
+    text = tmp_path / "book.txt"
+    text.write_text((SAMPLE_TEXT.replace(". ", ".\n")) * 10, encoding="utf-8")
+    proc = run("--model", str(model_dir), "--text-file", str(text), "--out", str(tmp_path / "run"), "--context", "32",
+               "--batch-size", "2", "--steps", "100000", "--minutes", "0.1", "--eval-every", "1000", "--val-windows", "2",
+               "--warmup", "1", "--bf16", "false")
+    assert proc.returncode == 0, proc.stderr
+    assert "time budget reached" in proc.stdout
+    log = [json.loads(line) for line in (tmp_path / "run" / "heads_log.jsonl").read_text().splitlines()]
+    assert log[-1]["kind"] == "val" and log[-2]["kind"] == "train"
+    train = [r for r in log if r["kind"] == "train"]
+    assert len(train) > 3 and train[-1]["lr"] < 0.5 * train[1]["lr"]  # the schedule follows the time budget down
+    assert (tmp_path / "run" / "heads.safetensors").exists()

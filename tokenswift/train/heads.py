@@ -145,10 +145,14 @@ def head_accuracy(model, heads: Heads, windows: list[torch.Tensor], bf16: bool) 
             for i in range(heads.num_heads)]
 
 
-def lr_at(s: HeadsTrainSettings, step: int) -> float:
+def lr_at(s: HeadsTrainSettings, step: int, elapsed_s: float = 0.0) -> float:
+    """Linear warm-up, then cosine to zero over the run, whose progress is the larger of the step
+    fraction and (with a time budget) the elapsed-time fraction."""
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
     progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    if s.minutes:
+        progress = max(progress, elapsed_s / (s.minutes * 60))
     return 0.5 * s.lr * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
@@ -178,7 +182,7 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
     heads = Heads.init(model, s.num_heads).float().train()
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     ckpt = out / "heads_checkpoint.pt"
-    step = 0
+    step, elapsed_before = 0, 0.0
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         heads.load_state_dict(state["heads"])
@@ -186,17 +190,17 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
         sampler.gen.set_state(state["sampler"])
         torch.set_rng_state(state["torch_rng"])
         step = state["step"]
+        elapsed_before = state.get("elapsed_s", 0.0)
         print(f"resumed from {ckpt} at step {step}")
     (out / "settings.json").write_text(json.dumps(dataclasses.asdict(s), indent=2))
     log = (out / "heads_log.jsonl").open("a")
     start, last_ckpt = time.time(), time.time()
     bar = tqdm(total=s.steps, initial=step, desc="train-heads")
-    while step < s.steps:
-        if s.minutes and time.time() - start > s.minutes * 60:
-            print("time budget reached")
-            break
+    out_of_time = False
+    while step < s.steps and not out_of_time:
+        lr = lr_at(s, step, elapsed_before + time.time() - start)
         for group in opt.param_groups:
-            group["lr"] = lr_at(s, step)
+            group["lr"] = lr
         ids = sampler.sample(s.batch_size).to(dev)
         h0 = last_layer_hidden(model, ids, s.bf16)
         losses = head_losses(model, heads, h0, ids, s.distill)
@@ -209,21 +213,26 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", per_head=" ".join(f"{x.item():.2f}" for x in losses))
         log.write(json.dumps({"kind": "train", "step": step, "loss": loss.item(),
-                              "per_head": [x.item() for x in losses], "lr": lr_at(s, step - 1)}) + "\n")
-        if step % s.eval_every == 0 or step == s.steps:
+                              "per_head": [x.item() for x in losses], "lr": lr}) + "\n")
+        out_of_time = bool(s.minutes) and elapsed_before + time.time() - start > s.minutes * 60
+        last = step == s.steps or out_of_time
+        if step % s.eval_every == 0 or last:
             heads.eval()
             acc = head_accuracy(model, heads, val_windows, s.bf16)
             heads.train()
             log.write(json.dumps({"kind": "val", "step": step, "accuracy": acc}) + "\n")
             bar.write(f"step {step}: " + ", ".join(f"head {a['head']} top1 {a['top1']:.3f} top3 {a['top3']:.3f}" for a in acc))
         log.flush()
-        if time.time() - last_ckpt > s.checkpoint_minutes * 60 or step == s.steps:
+        if time.time() - last_ckpt > s.checkpoint_minutes * 60 or last:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"heads": heads.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.gen.get_state(),
-                        "torch_rng": torch.get_rng_state(), "step": step}, tmp)
+                        "torch_rng": torch.get_rng_state(), "step": step,
+                        "elapsed_s": elapsed_before + time.time() - start}, tmp)
             tmp.replace(ckpt)
             last_ckpt = time.time()
     bar.close()
+    if out_of_time:
+        print(f"time budget reached at step {step}")
     heads.eval()
     path = heads.save(out / "heads.safetensors")
     print(f"saved heads to {path}")
