@@ -84,7 +84,8 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["repetition_plot"] = gr.Plot(label="Repetition", elem_id="repetition-plot", show_label=False)
                 c["distinct"] = gr.Markdown("", elem_id="distinct")
                 with gr.Row():
-                    c["tree_pick"] = gr.Number(label="Show the draft tree of iteration (-1: latest)", value=-1, precision=0)
+                    c["tree_pick"] = gr.Number(label="Show the draft tree of iteration (-1: latest)", value=-1, precision=0,
+                                               elem_id="tree-pick")
                     c["tree_show"] = gr.Button("Show tree")
                 with gr.Accordion("Classroom step view", open=True):
                     c["step_caption"] = gr.Markdown("Press **Step** to run exactly one TokenSwift iteration.",
