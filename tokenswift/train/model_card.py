@@ -25,6 +25,17 @@ def curve_table(lm_log: list[dict]) -> str:
     return "\n".join(rows)
 
 
+LONG_TEMPLATE = """Long generation ({long[new_tokens]:,} new tokens, paper settings, TokenSwift, {long[seconds]} s): all tokens
+finite and valid; distinct-1/2/4 over the last 2,000 tokens {dist[distinct_1]} / {dist[distinct_2]} /
+{dist[distinct_4]}; the most frequent
+token is {long[most_common_token_share_last_2000]:.1%} of them. Its last 300 tokens:
+
+```text
+{long[tail_text]}
+```
+"""
+
+
 def render(ev: dict, lm_log: list[dict], heads_log: list[dict], lm_settings: dict, heads_settings: dict,
            hardware: str, lm_minutes: float, heads_minutes: float) -> str:
     bpc = ev["bits_per_char"]
@@ -37,6 +48,8 @@ def render(ev: dict, lm_log: list[dict], heads_log: list[dict], lm_settings: dic
         f"{a['iterations']} |" for a in ev.get("acceptance_2000_tokens", []))
     long = ev.get("long_generation", {})
     dist = long.get("distinct_last_2000", {})
+    long_section = (LONG_TEMPLATE.format(long=long, dist=dist) if long else
+                    "The 20,000-token generation check has not been measured for this card yet.\n")
     samples = "\n\n".join(f"**Prompt:** {s['prompt']}  (seed {s['seed']}, {s['settings']})\n\n```text\n{s['prompt']}{s['text']}\n```"
                           for s in ev.get("samples", []))
     return f"""---
@@ -110,15 +123,7 @@ Accepted tokens per iteration include the bonus token:
 Our AR decoding at short context (64-token prompt, 256 new tokens, greedy, bf16, batch 1, 2 threads):
 **{ev.get('ar_tokens_per_s_short_context', float('nan')):.0f} tokens/s**.
 
-Long generation ({long.get('new_tokens', 0):,} new tokens, paper settings, TokenSwift, {long.get('seconds', 0)} s): all tokens
-finite and valid; distinct-1/2/4 over the last 2,000 tokens {dist.get('distinct_1', 0)} / {dist.get('distinct_2', 0)} /
-{dist.get('distinct_4', 0)}; the most frequent
-token is {100 * long.get('most_common_token_share_last_2000', 0):.1f}% of them. Its last 300 tokens:
-
-```text
-{long.get('tail_text', '')}
-```
-
+{long_section}
 ## Samples (unedited)
 {samples}
 
