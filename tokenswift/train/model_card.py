@@ -25,7 +25,7 @@ def curve_table(lm_log: list[dict]) -> str:
     return "\n".join(rows)
 
 
-LONG_TEMPLATE = """Long generation ({long[new_tokens]:,} new tokens, paper settings, TokenSwift, {long[seconds]} s): all tokens
+LONG_TEMPLATE = """Long generation ({long[new_tokens]:,} new tokens, paper settings, {long[method]}, {long[seconds]} s on a shared CPU): all tokens
 finite and valid; distinct-1/2/4 over the last 2,000 tokens {dist[distinct_1]} / {dist[distinct_2]} /
 {dist[distinct_4]}; the most frequent
 token is {long[most_common_token_share_last_2000]:.1%} of them. Its last 300 tokens:
