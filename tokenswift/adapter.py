@@ -68,6 +68,7 @@ class ModelAdapter:
         self.layer_devices = [module_device(layer) for layer in self.layers]
         self.embed_device = module_device(self.inner.embed_tokens)
         self.head_device = module_device(model.lm_head)
+        self.norm_device = module_device(self.inner.norm)
 
     @property
     def num_layers(self) -> int:
@@ -140,5 +141,5 @@ class ModelAdapter:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, H) before the final norm -> logits (T, V) in float32."""
-        x = self.inner.norm(hidden.to(module_device(self.inner.norm)))
+        x = self.inner.norm(hidden.to(self.norm_device))
         return self.model.lm_head(x.to(self.head_device)).float()
