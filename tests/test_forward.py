@@ -12,7 +12,7 @@ TOL = 1e-4
 
 
 def new_cache(adapter, capacity):
-    return KVCache(adapter.layer_devices, capacity, adapter.num_kv_heads, adapter.head_dim, adapter.dtype)
+    return KVCache(adapter.layer_devices, capacity, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
 
 
 def test_prefill_logits_match_hf(family):

@@ -43,7 +43,7 @@ def test_official_checkpoint_loads_and_matches_the_formula(tmp_path):
     gen = ts.Generator(model, heads=heads)
     adapter = gen.adapter
     ids = torch.arange(20, 50)
-    cache = KVCache(adapter.layer_devices, 64, adapter.num_kv_heads, adapter.head_dim, adapter.dtype)
+    cache = KVCache(adapter.layer_devices, 64, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
     h0, _ = adapter.forward(ids, torch.arange(30), cache, 0, torch.ones(30, 30, dtype=torch.bool).tril())
     ours = adapter.model.lm_head(heads(h0))  # (3, T, V)
     eps = model.config.rms_norm_eps

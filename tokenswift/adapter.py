@@ -78,6 +78,16 @@ class ModelAdapter:
     def dtype(self) -> torch.dtype:
         return self.inner.embed_tokens.weight.dtype if self.inner.embed_tokens.weight.device.type != "meta" else torch.float32
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype. On CPU, half-precision models keep K/V (and compute attention) in float32:
+        CPU bf16 matmuls build and keep a kernel for every new key length, which grows the process by
+        about 0.8 MB per generated token (measured), while float32 attention holds memory flat and is
+        about as fast. Elsewhere the cache uses the model's dtype."""
+        dtype = self.dtype
+        on_cpu = all(d.type == "cpu" for d in self.layer_devices)
+        return torch.float32 if on_cpu and dtype in (torch.bfloat16, torch.float16) else dtype
+
     def _window_of(self, index: int, layer: nn.Module) -> int | None:
         if self.family == "mistral":
             return getattr(self.config, "sliding_window", None)
@@ -120,7 +130,7 @@ class ModelAdapter:
             cache.write(i, start, k[0], v[0])
             keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
             extra = self._window_mask(i, cache, start, pos_d)
-            o = attend(q[0], keys, values, self.scaling, mask_d, extra)  # (Hq, T, d)
+            o = attend(q[0].to(keys.dtype), keys, values, self.scaling, mask_d, extra).to(h.dtype)  # (Hq, T, d)
             o = o.transpose(0, 1).reshape(1, t, self.num_heads * self.head_dim)
             h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -141,5 +151,23 @@ class ModelAdapter:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, H) before the final norm -> logits (T, V) in float32."""
-        x = self.inner.norm(hidden.to(self.norm_device))
-        return self.model.lm_head(x.to(self.head_device)).float()
+        weight = self._float_head_weight()
+        if weight is None:
+            x = self.inner.norm(hidden.to(self.norm_device))
+            return self.model.lm_head(x.to(self.head_device)).float()
+        x = self.inner.norm(hidden.to(self.norm_device).float())  # HF RMSNorms keep a float32 input in float32
+        return torch.nn.functional.linear(x.to(self.head_device), weight)
+
+    def _float_head_weight(self) -> torch.Tensor | None:
+        """A float32 copy of the LM head's weight for half-precision models on CPU, else None.
+
+        bf16 logits have a resolution of 1/16 near 10, so the top two tokens often tie exactly and
+        greedy decoding then hangs on rounding noise between a 1-token and an N-token forward; float32
+        logits remove those artificial ties. The copy is rebuilt if the weight is modified in place."""
+        w = self.model.lm_head.weight
+        if w.device.type != "cpu" or w.dtype not in (torch.bfloat16, torch.float16) or self.model.lm_head.bias is not None:
+            return None
+        key = (w.data_ptr(), w._version, w.dtype)
+        if getattr(self, "_float_head_key", None) != key:
+            self._float_head, self._float_head_key = w.detach().float(), key
+        return self._float_head

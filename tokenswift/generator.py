@@ -232,7 +232,7 @@ class _Run:
         self.seq = torch.zeros(capacity, dtype=torch.long)  # token history for the penalty window
         self.seq[: len(ids)] = torch.tensor(ids)
         a = self.a
-        self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.dtype)
+        self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.cache_dtype)
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
         self.partial: PartialKVCache | None = None
         self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
