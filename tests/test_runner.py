@@ -69,3 +69,25 @@ def test_series_memory_is_bounded_and_keeps_the_whole_range():
     x, y = s.points()
     assert len(x) <= 65 and x[-1] == 99_999 and x[0] < 3_000
     assert all(abs(v - 2.0) < 1e-9 for v in y[:-1])
+
+
+def test_the_torch_thread_runs_every_job_on_one_thread_and_runs_stoppable_runners():
+    from ui.torch_thread import TorchThread
+
+    worker = TorchThread(name="test-torch")
+    idents = {worker.call(threading.get_ident) for _ in range(5)}
+    assert len(idents) == 1 and threading.get_ident() not in idents
+    assert worker.call(lambda: worker.call(lambda: 7)) == 7  # re-entrant calls run inline, no deadlock
+    assert list(worker.iterate(iter([1, 2, 3]))) == [1, 2, 3]
+
+    gen = tiny_generator()
+    runner = Runner(gen, RunRequest(list(range(5, 30)), ts.Settings(), 50_000), executor=worker).start()
+    deadline = time.monotonic() + 60
+    while runner.events.qsize() < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.alive
+    runner.stop()
+    assert runner.join(timeout=30), "the runner did not stop"
+    events = runner.drain()
+    assert isinstance(events[-1], Finished) and events[-1].stopped
+    assert worker.call(lambda: 1 + 1) == 2  # the thread is free for the next job

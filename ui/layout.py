@@ -13,6 +13,7 @@ from .controls import UI_DEFAULTS as D
 from .live import LiveApp
 from .render import SPEED_NOTE
 from .text import AR_COLORS, TS_COLORS
+from .torch_thread import TORCH
 
 INTRO = """# TokenSwift Live
 Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.org/abs/2502.18890)), running for
@@ -107,8 +108,10 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                       "kv_plot", "repetition_plot", "distinct", "step_caption", "step_table"]
         views = [c[n] for n in view_names]
 
+        # No per-output progress overlays: their animations and timers keep the browser busy (measured),
+        # and the status line already reports progress.
         run_event = c["run"].click(_by_name(app.run, c, streaming=True), inputs, views, concurrency_limit=1,
-                                   concurrency_id="engine", api_visibility="private")
+                                   concurrency_id="engine", api_visibility="private", show_progress="hidden")
         c["stop"].click(app.stop, None, c["status"], api_visibility="private")
         c["step"].click(_by_name(app.step, c), inputs, views, concurrency_limit=1, concurrency_id="engine",
                         api_visibility="private")
@@ -157,7 +160,7 @@ def _api_generate(app: LiveApp) -> Callable:
             raise gr.Error("prompt must be a non-empty string")
         ids: list[int] = []
         iterations, compute = 0, 0.0
-        for step in gen.stream(prompt, settings, int(max_new_tokens), method=method, seed=int(seed)):
+        for step in TORCH.iterate(gen.stream(prompt, settings, int(max_new_tokens), method=method, seed=int(seed))):
             ids.extend(step.token_ids)
             iterations, compute = step.index + 1, step.elapsed_s
             stats = {"method": method, "iterations": iterations, "new_tokens": len(ids),

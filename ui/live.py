@@ -18,10 +18,11 @@ from .controls import RunControls, parse_controls
 from .export import load_trace_file, write_trace_file
 from .models import ModelCache
 from .runner import Finished, Runner, RunRequest
+from .torch_thread import TORCH
 from .trace import RunTrace
 
-TEXT_PERIOD_S = 0.25  # text and stats refresh
-PLOT_PERIOD_S = 0.75  # plots refresh (the browser, not the server, is the bottleneck)
+TEXT_PERIOD_S = 0.5  # text and stats refresh
+PLOT_PERIOD_S = 1.5  # plots refresh (the browser, not the server, is the bottleneck)
 POLL_S = 0.05
 UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
 
@@ -81,7 +82,8 @@ class LiveApp:
         if session.runner is not None:
             session.runner.stop()
         trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
-        runner = Runner(gen, RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed))
+        runner = Runner(gen, RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed),
+                        executor=TORCH)
         session.runner, session.trace, session.model = runner, trace, controls.model
         session.greedy = controls.settings.greedy
         runner.start()
@@ -155,7 +157,7 @@ class LiveApp:
                 session.step_key = key
                 session.trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
                 session.model, session.greedy = controls.model, controls.settings.greedy
-            step = next(session.step_stream, None)
+            step = TORCH.call(next, session.step_stream, None)
             if step is None:
                 session.step_stream = None
                 return {"step_caption": "The run reached its token limit: press Step again to start over.",

@@ -25,6 +25,7 @@ from tokenswift import Generator  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
 from ui.models import ModelCache  # noqa: E402
 from ui.runner import RunRequest, interleave  # noqa: E402
+from ui.torch_thread import TORCH  # noqa: E402
 
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -36,14 +37,20 @@ def ui_defaults(tokens: int):
 
 
 def headless(tokens: int) -> dict:
+    """The same run without any UI: the runner's alternation on the process's single torch thread."""
     controls = ui_defaults(tokens)
     gen: Generator = ModelCache().get(controls.model)
-    last = {}
-    t = time.perf_counter()
-    for step in interleave(gen, RunRequest(controls.prompt, controls.settings, tokens, controls.seed), threading.Event()):
-        last[step.method] = step
-    return {"wall_s": round(time.perf_counter() - t, 1),
-            **{f"{m}_tok_s": round(s.generated / s.elapsed_s, 1) for m, s in last.items()}}
+
+    def run() -> dict:
+        last = {}
+        t = time.perf_counter()
+        for step in interleave(gen, RunRequest(controls.prompt, controls.settings, tokens, controls.seed),
+                               threading.Event()):
+            last[step.method] = step
+        return {"wall_s": round(time.perf_counter() - t, 1),
+                **{f"{m}_tok_s": round(s.generated / s.elapsed_s, 1) for m, s in last.items()}}
+
+    return TORCH.call(run)
 
 
 def rss_mb(pid: int) -> float:

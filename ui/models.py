@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tokenswift import Generator
 
+from .torch_thread import TORCH
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_NAME = "default: Austen & KJV, 16M (bundled)"
 DEFAULT_MODEL_DIR = ROOT / "assets" / "default-model"
@@ -42,7 +44,7 @@ class ModelCache:
                 path = self.models[name]
                 if not Path(path).exists():
                     raise ValueError(f"model files not found at {path}")
-                self._loaded[name] = Generator.from_pretrained(path)
+                self._loaded[name] = TORCH.call(Generator.from_pretrained, path)
             return self._loaded[name]
 
     def add(self, name: str, generator: Generator) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from tokenswift import Generator, Settings, Step
 
@@ -32,16 +33,28 @@ class Finished:
     stopped: bool
 
 
+class Executor(Protocol):
+    def submit(self, fn, /, *args, **kwargs) -> Future: ...
+
+
 class Runner:
-    def __init__(self, generator: Generator, request: RunRequest, max_queued: int = 0) -> None:
+    """One run in the background: on its own daemon thread, or as a job of `executor` (the app passes its
+    single torch thread, see ui/torch_thread.py)."""
+
+    def __init__(self, generator: Generator, request: RunRequest, max_queued: int = 0,
+                 executor: Executor | None = None) -> None:
         self.generator = generator
         self.request = request
         self.events: queue.Queue[Step | Finished] = queue.Queue(maxsize=max_queued)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="tokenswift-runner", daemon=True)
+        self._executor = executor
+        self._done = threading.Event()
 
     def start(self) -> "Runner":
-        self._thread.start()
+        if self._executor is not None:
+            self._executor.submit(self._work)
+        else:
+            threading.Thread(target=self._work, name="tokenswift-runner", daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -52,12 +65,12 @@ class Runner:
         return self._stop.is_set()
 
     def join(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._done.wait(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """True until the run has ended (a run queued behind another job counts as alive)."""
+        return not self._done.is_set()
 
     def _work(self) -> None:
         error = None
@@ -66,7 +79,9 @@ class Runner:
                 self.events.put(step)
         except Exception as exc:  # reported to the UI as a message; the server keeps running
             error = f"{type(exc).__name__}: {exc}"
-        self.events.put(Finished(error, self._stop.is_set()))
+        finally:
+            self.events.put(Finished(error, self._stop.is_set()))
+            self._done.set()
 
     def drain(self, limit: int = 10_000) -> list[Step | Finished]:
         """Every event queued so far (without waiting)."""
