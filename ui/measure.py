@@ -3,6 +3,7 @@ responsiveness during a long run, and the server's memory.
 
     python -m ui.measure --tokens 2000            # speed: UI vs headless, same settings, same alternation
     python -m ui.measure --tokens 20000 --probe   # also: click round-trips and server RSS during the run
+    python -m ui.measure --tokens 2000 --client stream   # the server's streaming cost without a local browser
 
 Needs Debian's chromium and playwright. Prints one JSON object.
 """
@@ -104,12 +105,58 @@ def through_ui(tokens: int, probe: bool) -> dict:
     return out
 
 
+def through_server(tokens: int) -> dict:
+    """The Run button's event driven over Gradio's own queue protocol (what the page sends), with a client
+    that reads the stream and renders nothing: the server's whole streaming cost, without a browser
+    competing for the same cores (as when the page is opened from another machine)."""
+    import httpx
+
+    srv = AppServer()
+    srv.wait_ready()
+    out: dict = {"rss_mb_idle": round(rss_mb(srv.proc.pid), 1)}
+    try:
+        config = httpx.get(srv.url + "config", timeout=30).json()
+        by_elem = {c.get("props", {}).get("elem_id"): c for c in config["components"]}
+        run_id, max_new_id = by_elem["run-btn"]["id"], by_elem["max-new"]["id"]
+        index, dep = next((i, d) for i, d in enumerate(config["dependencies"]) if [run_id, "click"] in d["targets"])
+        values = {c["id"]: c.get("props", {}).get("value") for c in config["components"]}
+        data = [tokens if cid == max_new_id else values[cid] for cid in dep["inputs"]]
+        session = f"measure{int(time.time())}"
+        api = srv.url + "gradio_api/queue/"
+        t = time.perf_counter()
+        httpx.post(api + "join", json={"data": data, "fn_index": index, "session_hash": session,
+                                       "event_data": None, "trigger_id": run_id}, timeout=30).raise_for_status()
+        messages, received, rss = 0, 0, []
+        with httpx.stream("GET", api + "data", params={"session_hash": session}, timeout=None) as stream:
+            for line in stream.iter_lines():
+                received += len(line)
+                if line.startswith("data:"):
+                    messages += 1
+                    if messages % 20 == 0:
+                        rss.append(rss_mb(srv.proc.pid))
+                    if '"process_completed"' in line[:200]:
+                        final = line
+                        break
+        out["wall_s"] = round(time.perf_counter() - t, 1)
+        out["messages"], out["mb_received"] = messages, round(received / 2**20, 1)
+        for method, label in (("ar", "AR"), ("tokenswift", "TokenSwift")):
+            found = re.search(r"\*\*" + label + r"\*\* · [\d,]+ / [\d,]+ tokens · \*\*([\d,.]+) tok/s", final)
+            out[f"{method}_tok_s"] = float(found.group(1).replace(",", "")) if found else None
+        out["rss_mb_peak"] = round(max(rss or [0]), 1)
+        out["rss_mb_end"] = round(rss_mb(srv.proc.pid), 1)
+    finally:
+        srv.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ui.measure")
     p.add_argument("--tokens", type=int, default=2000)
     p.add_argument("--probe", action="store_true")
+    p.add_argument("--client", choices=["browser", "stream"], default="browser",
+                   help="browser: headless Chromium on this machine; stream: a non-rendering client of the same event")
     args = p.parse_args(argv)
-    ui = through_ui(args.tokens, args.probe)
+    ui = through_ui(args.tokens, args.probe) if args.client == "browser" else through_server(args.tokens)
     head = headless(args.tokens)
     report = {"tokens": args.tokens, "ui": ui, "headless": head,
               "ui_over_headless": {m: round(ui[f"{m}_tok_s"] / head[f"{m}_tok_s"], 3) for m in ("ar", "tokenswift")}}

@@ -14,6 +14,7 @@ import torch
 
 from ..generator import Generator
 from ..settings import Settings
+from .acceptance_bound import ranks_along, tokens_per_iteration
 from .corpus import ALL_SOURCES, AUSTEN_SOURCES, load_corpus
 from .heads import head_accuracy
 from .lm import evaluate as lm_evaluate
@@ -57,6 +58,33 @@ def acceptance(gen: Generator, prompt: list[int], new: int, tree: str, seed: int
             "tokens_per_s": round(s["tokens_per_s"], 1)}
 
 
+BOUND_TREES = ("1x3x3x3", "3x3x3x3", "4x4x4x4", "8x6x4x3", "16x16x16x16")
+
+
+def acceptance_bound(gen: Generator, prompt: list[int], new: int, seed: int) -> dict:
+    """Tokens per iteration the product trees can reach on this model with its heads and with perfect
+    heads (see acceptance_bound.py), along one AR sample with the paper's settings."""
+    result = gen.generate(prompt, Settings(**PAPER), new, method="ar", seed=seed)
+    ids = torch.tensor(prompt + result.token_ids)
+    model, heads = gen.model.float(), gen.heads.float() if gen.heads is not None else None
+    try:
+        ranks = ranks_along(model, heads, ids, len(prompt), PAPER["penalty"], PAPER["penalty_window"])
+    finally:
+        model.to(gen.adapter.dtype)
+        if heads is not None:
+            gen.set_heads(heads)
+    p1 = float((ranks["base"] == 0).float().mean())
+    trees = {}
+    for spec in BOUND_TREES:
+        widths = [int(w) for w in spec.split("x")]
+        trees[spec] = {"shipped_heads": round(tokens_per_iteration(ranks, widths, oracle=False), 3),
+                       "oracle_heads": round(tokens_per_iteration(ranks, widths, oracle=True), 3)}
+    head_top1 = {k: round(float((v == 0).float().mean()), 3) for k, v in ranks.items() if k.startswith("head")}
+    return {"new_tokens": new, "seed": seed, "p_sample_is_base_top1": round(p1, 3),
+            "paper_tree_upper_bound": round(1 + 4 * p1, 3), "trees_without_ngrams": trees,
+            "head_top1_on_own_samples": head_top1}
+
+
 def ar_speed(gen: Generator, prompt: list[int], new: int) -> float:
     gen.generate(prompt, Settings(), 16, method="ar")  # warm-up
     t = time.perf_counter()
@@ -92,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--long", type=int, default=20000, help="tokens of the long generation (0: skip)")
     p.add_argument("--trees", default="1x3x3x3,1x2x2x2,2x2x2,1x2x2", help="trees to measure acceptance with")
-    p.add_argument("--parts", default="bpc,heads,accept,speed,long,samples")
+    p.add_argument("--update", action="store_true", help="keep what --out already holds, replace only the parts measured")
+    p.add_argument("--parts", default="bpc,heads,accept,bound,speed,long,samples")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     gen = Generator.from_pretrained(args.model)
     splits = load_corpus(args.corpus)
     parts = set(args.parts.split(","))
-    report: dict = {"model": args.model, "params": sum(p.numel() for p in gen.model.parameters())}
     out = Path(args.out)
+    report: dict = json.loads(out.read_text()) if args.update and out.exists() else {}
+    report.update({"model": args.model, "params": sum(p.numel() for p in gen.model.parameters())})
 
     def save():
         out.write_text(json.dumps(report, indent=2) + "\n")
@@ -118,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     prompt = austen_prefix(gen, splits, 1100)
     if "accept" in parts:
         report["acceptance_2000_tokens"] = [acceptance(gen, prompt, 2000, tree, 0, 4096) for tree in args.trees.split(",")]
+        save()
+    if "bound" in parts:
+        report["acceptance_bound"] = acceptance_bound(gen, prompt, 2000, 0)
         save()
     if "speed" in parts:
         short = austen_prefix(gen, splits, 64)

@@ -36,6 +36,30 @@ token is {long[most_common_token_share_last_2000]:.1%} of them. Its last 300 tok
 """
 
 
+def _bound_section(b: dict | None) -> str:
+    if not b:
+        return ""
+    rows = "\n".join(f"| {tree} | {v['shipped_heads']:.2f} | {v['oracle_heads']:.2f} |" for tree, v in b["trees_without_ngrams"].items())
+    heads = ", ".join(f"{k} {v:.3f}" for k, v in b["head_top1_on_own_samples"].items())
+    return f"""**What this model can accept at all.** With exact acceptance, a depth is accepted iff the target's own
+sample is among the candidates drafted for it. Along an AR sample with the paper's settings ({b['new_tokens']:,} tokens,
+same prefix, seed {b['seed']}; `python -m tokenswift.train.evaluate --parts bound`), the sample equals the base
+model's top-1 token with probability **{b['p_sample_is_base_top1']:.3f}**. The paper's tree drafts only that one
+token at depth 1, and heads and n-grams only extend it, so on this model it cannot average more than
+1 + 4 x {b['p_sample_is_base_top1']:.3f} = **{b['paper_tree_upper_bound']:.2f} tokens per iteration**, whatever the heads. Product trees
+replayed along the same sample (without n-grams), with the shipped heads and with perfect heads (each depth's
+candidates are the target's own top-k given the true prefix, the most any drafter can put there):
+
+| tree | shipped heads | perfect heads |
+|---|---|---|
+{rows}
+
+The heads' top-1 hit rate on the model's own samples: {heads}. With the paper's tree, 3 tokens per
+iteration is out of reach on this model whatever the heads; much larger trees would need near-perfect heads.
+What raises these numbers is a lower-entropy target: a larger or better-trained model, or a lower temperature.
+"""
+
+
 def render(ev: dict, lm_log: list[dict], heads_log: list[dict], lm_settings: dict, heads_settings: dict,
            hardware: str, lm_minutes: float, heads_minutes: float) -> str:
     bpc = ev["bits_per_char"]
@@ -46,6 +70,7 @@ def render(ev: dict, lm_log: list[dict], heads_log: list[dict], lm_settings: dic
     acc_rows = "\n".join(
         f"| {a['tree']} | {a['mean_accepted']:.2f} | {a['per_iteration_from_heads']:.2f} | {a['per_iteration_from_ngrams']:.2f} | "
         f"{a['iterations']} |" for a in ev.get("acceptance_2000_tokens", []))
+    bound_section = _bound_section(ev.get("acceptance_bound"))
     long = ev.get("long_generation", {})
     dist = long.get("distinct_last_2000", {})
     long_section = (LONG_TEMPLATE.format(long=long, dist=dist) if long else
@@ -120,7 +145,9 @@ Accepted tokens per iteration include the bonus token:
 |---|---|---|---|---|
 {acc_rows}
 
-Our AR decoding at short context (64-token prompt, 256 new tokens, greedy, bf16, batch 1, 2 threads):
+{bound_section}
+Our AR decoding at short context (64-token prompt, 256 new tokens, greedy, bf16 weights with float32 KV cache
+and logits, batch 1, 2 threads, `--parts speed`):
 **{ev.get('ar_tokens_per_s_short_context', float('nan')):.0f} tokens/s**.
 
 {long_section}
