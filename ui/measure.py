@@ -95,6 +95,8 @@ def through_ui(tokens: int, probe: bool) -> dict:
                 out[f"{method}_tok_s"] = float(re.search(r"([\d,.]+) tok/s", text).group(1).replace(",", ""))
             out["rss_mb_peak"] = round(max(rss or [0]), 1)
             out["rss_mb_end"] = round(rss_mb(srv.proc.pid), 1)
+            out["page_js_heap_mb"] = round(page.evaluate("() => performance.memory.usedJSHeapSize") / 2**20, 1)
+            out["page_dom_nodes"] = page.evaluate("() => document.getElementsByTagName('*').length")
             if clicks:
                 out["page_probe_ms_median"] = round(1000 * sorted(clicks)[len(clicks) // 2], 1)
                 out["page_probe_ms_max"] = round(1000 * max(clicks), 1)
