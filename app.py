@@ -1,5 +1,6 @@
 """TokenSwift Live: `python app.py` serves the app on the bundled default model (offline)."""
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before gradio / transformers import the hub client
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -10,6 +11,9 @@ from ui.models import ModelCache
 
 
 def main() -> None:
+    # The engine thread releases the interpreter lock on every torch op and must win it back each time;
+    # a short switch interval bounds how long the server's other threads can hold it meanwhile.
+    sys.setswitchinterval(float(os.environ.get("TOKENSWIFT_SWITCH_INTERVAL", "0.0005")))
     app = LiveApp(ModelCache())
     demo = build_demo(app)
     demo.queue(default_concurrency_limit=1)
