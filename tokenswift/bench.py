@@ -4,6 +4,10 @@
         Greedy decoding speed of our AR loop vs HF `generate` on a random-init Llama of about 25M
         parameters (8 layers, hidden 512, 8 heads, 2 KV heads, vocab 8192), fp32, batch 1, 64-token prompt.
         The two run alternately; the ratio of medians is printed, and the outputs are checked equal.
+
+    python -m tokenswift.bench memory --model assets/default-model [--method ar] [--tokens 1000]
+        The process's resident memory while one generation streams (paper sampling settings, seed 0):
+        what a long run costs beyond its KV cache.
 """
 from __future__ import annotations
 
@@ -55,6 +59,30 @@ def ar_vs_hf(new: int, repeats: int, dtype: torch.dtype) -> dict:
             "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
 
 
+def resident_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory(model: str, method: str, tokens: int, every: int) -> dict:
+    from .generator import Generator
+    from .settings import Settings
+
+    gen = Generator.from_pretrained(model)
+    settings = Settings(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
+    before = resident_mb()
+    points = []
+    for step in gen.stream("It is a truth universally acknowledged, that", settings, tokens, method=method, seed=0):
+        if not points or step.generated - points[-1][0] >= every or step.done:
+            points.append((step.generated, round(resident_mb(), 1)))
+    return {"benchmark": "memory", "model": model, "method": method, "rss_mb_after_load": round(before, 1),
+            "rss_mb_by_tokens": points, "kv_cache_mb_end": round(step.cache.bytes / 2**20, 1),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswift.bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,9 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    m = sub.add_parser("memory", help="resident memory while one generation streams")
+    m.add_argument("--model", default="assets/default-model")
+    m.add_argument("--method", default="ar", choices=["ar", "tokenswift"])
+    m.add_argument("--tokens", type=int, default=1000)
+    m.add_argument("--every", type=int, default=250)
     args = parser.parse_args(argv)
     if args.command == "ar-vs-hf":
         print(json.dumps(ar_vs_hf(args.new, args.repeats, getattr(torch, args.dtype))))
+    elif args.command == "memory":
+        print(json.dumps(memory(args.model, args.method, args.tokens, args.every)))
     return 0
 
 

@@ -79,6 +79,7 @@ def through_ui(tokens: int, probe: bool) -> dict:
             t = time.perf_counter()
             page.click("#run-btn")
             clicks, rss = [], []
+            progress = open(ROOT / "test-artifacts" / f"measure-{tokens}-progress.jsonl", "w")  # survives an aborted run
             while "Done" not in page.locator("#status").inner_text():
                 if time.perf_counter() - t > 3600:
                     raise TimeoutError("the run did not finish in an hour")
@@ -89,6 +90,10 @@ def through_ui(tokens: int, probe: bool) -> dict:
                     page.locator("#tree-pick input").fill("-1")
                     page.evaluate("() => document.querySelector('#summary').innerText.length")
                     clicks.append(time.perf_counter() - c)
+                progress.write(json.dumps({"s": round(time.perf_counter() - t, 1), "server_rss_mb": round(rss[-1], 1),
+                                           "click_ms": round(1000 * clicks[-1], 1) if clicks else None,
+                                           "status": page.locator("#status").inner_text()[:120]}) + "\n")
+                progress.flush()
             out["wall_s"] = round(time.perf_counter() - t, 1)
             for method, sel in (("ar", "#ar-stats"), ("tokenswift", "#ts-stats")):
                 text = page.locator(sel).inner_text()
