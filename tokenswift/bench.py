@@ -59,8 +59,9 @@ def ar_vs_hf(new: int, repeats: int, dtype: torch.dtype) -> dict:
             "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
 
 
-def resident_mb() -> float:
-    with open("/proc/self/status") as f:
+def resident_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process (this one by default), in MiB, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
+from tokenswift.bench import resident_mb  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
 from ui.models import ModelCache  # noqa: E402
 from ui.runner import RunRequest, interleave  # noqa: E402
@@ -54,19 +55,12 @@ def headless(tokens: int) -> dict:
     return TORCH.call(run)
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def through_ui(tokens: int, probe: bool) -> dict:
     from playwright.sync_api import sync_playwright
 
     srv = AppServer()
     srv.wait_ready()
-    out: dict = {"rss_mb_idle": round(rss_mb(srv.proc.pid), 1)}
+    out: dict = {"rss_mb_idle": round(resident_mb(srv.proc.pid), 1)}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=LAUNCH_ARGS)
@@ -79,12 +73,13 @@ def through_ui(tokens: int, probe: bool) -> dict:
             t = time.perf_counter()
             page.click("#run-btn")
             clicks, rss = [], []
-            progress = open(ROOT / "test-artifacts" / f"measure-{tokens}-progress.jsonl", "w")  # survives an aborted run
+            progress_path = ROOT / "test-artifacts" / f"measure-{tokens}-progress.jsonl"  # survives an aborted run
+            progress = progress_path.open("w")
             while "Done" not in page.locator("#status").inner_text():
                 if time.perf_counter() - t > 3600:
                     raise TimeoutError("the run did not finish in an hour")
                 time.sleep(2.0)
-                rss.append(rss_mb(srv.proc.pid))
+                rss.append(resident_mb(srv.proc.pid))
                 if probe:  # a user click during the run: how long until the page answers?
                     c = time.perf_counter()
                     page.locator("#tree-pick input").fill("-1")
@@ -94,12 +89,13 @@ def through_ui(tokens: int, probe: bool) -> dict:
                                            "click_ms": round(1000 * clicks[-1], 1) if clicks else None,
                                            "status": page.locator("#status").inner_text()[:120]}) + "\n")
                 progress.flush()
+            progress.close()
             out["wall_s"] = round(time.perf_counter() - t, 1)
             for method, sel in (("ar", "#ar-stats"), ("tokenswift", "#ts-stats")):
                 text = page.locator(sel).inner_text()
                 out[f"{method}_tok_s"] = float(re.search(r"([\d,.]+) tok/s", text).group(1).replace(",", ""))
             out["rss_mb_peak"] = round(max(rss or [0]), 1)
-            out["rss_mb_end"] = round(rss_mb(srv.proc.pid), 1)
+            out["rss_mb_end"] = round(resident_mb(srv.proc.pid), 1)
             out["page_js_heap_mb"] = round(page.evaluate("() => performance.memory.usedJSHeapSize") / 2**20, 1)
             out["page_dom_nodes"] = page.evaluate("() => document.getElementsByTagName('*').length")
             if clicks:
@@ -120,7 +116,7 @@ def through_server(tokens: int) -> dict:
 
     srv = AppServer()
     srv.wait_ready()
-    out: dict = {"rss_mb_idle": round(rss_mb(srv.proc.pid), 1)}
+    out: dict = {"rss_mb_idle": round(resident_mb(srv.proc.pid), 1)}
     try:
         config = httpx.get(srv.url + "config", timeout=30).json()
         by_elem = {c.get("props", {}).get("elem_id"): c for c in config["components"]}
@@ -140,7 +136,7 @@ def through_server(tokens: int) -> dict:
                 if line.startswith("data:"):
                     messages += 1
                     if messages % 20 == 0:
-                        rss.append(rss_mb(srv.proc.pid))
+                        rss.append(resident_mb(srv.proc.pid))
                     if '"process_completed"' in line[:200]:
                         final = line
                         break
@@ -150,7 +146,7 @@ def through_server(tokens: int) -> dict:
             found = re.search(r"\*\*" + label + r"\*\* · [\d,]+ / [\d,]+ tokens · \*\*([\d,.]+) tok/s", final)
             out[f"{method}_tok_s"] = float(found.group(1).replace(",", "")) if found else None
         out["rss_mb_peak"] = round(max(rss or [0]), 1)
-        out["rss_mb_end"] = round(rss_mb(srv.proc.pid), 1)
+        out["rss_mb_end"] = round(resident_mb(srv.proc.pid), 1)
     finally:
         srv.close()
     return out

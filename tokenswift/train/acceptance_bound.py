@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import apply_penalty
+from .heads import last_layer_hidden
 
 
 @torch.inference_mode()
@@ -30,13 +31,7 @@ def ranks_along(model, heads, ids: torch.Tensor, start: int, penalty: float, win
     Returns {"base": (R,), "head0": (R,), ...} where entry r is for root t = start - 1 + r: base ranks
     x[t + 1] under the LM head at t; head j ranks x[t + 2 + j] under extra head j at t (-1 past the end).
     """
-    captured = {}
-    hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.__setitem__("h", inp[0]))
-    try:
-        model(ids[None])
-    finally:
-        hook.remove()
-    h0 = captured["h"][0].float()  # (T, H) last layer output before the final norm
+    h0 = last_layer_hidden(model, ids[None], bf16=False)[0]  # (T, H) last layer output before the final norm
     base = model.lm_head(model.model.norm(h0)).float()  # (T, V)
     head_logits = model.lm_head(heads(h0)).float() if heads is not None else None  # (heads, T, V)
     total = ids.numel()
