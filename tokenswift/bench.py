@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -66,6 +67,18 @@ def resident_mb(pid: int | str = "self") -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process, from /proc (Linux)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
 
 
 def memory(model: str, method: str, tokens: int, every: int) -> dict:

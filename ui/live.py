@@ -17,7 +17,8 @@ from . import render
 from .controls import RunControls, parse_controls
 from .export import load_trace_file, write_trace_file
 from .models import ModelCache
-from .runner import Finished, Runner, RunRequest
+from .engine_process import EngineProcess
+from .runner import Finished, RunHandle, Runner, RunRequest
 from .torch_thread import TORCH
 from .trace import RunTrace
 
@@ -29,7 +30,7 @@ UI_SHARE = 0.04  # rendering may take at most this share of the time: updates sl
 
 @dataclass
 class Session:
-    runner: Runner | None = None
+    runner: RunHandle | None = None
     trace: RunTrace | None = None
     model: str = ""
     greedy: bool = True
@@ -39,8 +40,12 @@ class Session:
 
 
 class LiveApp:
-    def __init__(self, models: ModelCache) -> None:
+    """`engine`: the process that executes runs (see ui/engine_process.py); None runs them on this
+    process's torch thread."""
+
+    def __init__(self, models: ModelCache, engine: EngineProcess | None = None) -> None:
         self.models = models
+        self.engine = engine
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -82,8 +87,11 @@ class LiveApp:
         if session.runner is not None:
             session.runner.stop()
         trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
-        runner = Runner(gen, RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed),
-                        executor=TORCH)
+        request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
+        if self.engine is not None:
+            runner = self.engine.runner(controls.model, request)
+        else:
+            runner = Runner(gen, request, executor=TORCH)
         session.runner, session.trace, session.model = runner, trace, controls.model
         session.greedy = controls.settings.greedy
         runner.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import threading
@@ -23,14 +24,42 @@ sys.path.insert(0, str(ROOT / "tests"))
 from app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
-from tokenswift.bench import resident_mb  # noqa: E402
+from tokenswift.bench import child_pids, resident_mb  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
 from ui.models import ModelCache  # noqa: E402
 from ui.runner import RunRequest, interleave  # noqa: E402
 from ui.torch_thread import TORCH  # noqa: E402
 
+JS_HEAP = "() => performance.memory.usedJSHeapSize"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def engine_mb(server_pid: int) -> float:
+    """Resident memory of the server's engine process (0 when the engine runs in the server's process)."""
+    return sum(resident_mb(c) for c in child_pids(server_pid))
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = child_pids(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def browser_mb() -> float:
+    """Resident memory of this process's Chromium processes (summed; shared pages count once per process)."""
+    total = 0.0
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if "chrom" in f.read():
+                    total += resident_mb(pid)
+        except OSError:
+            pass
+    return total
 
 
 def ui_defaults(tokens: int):
@@ -72,7 +101,7 @@ def through_ui(tokens: int, probe: bool) -> dict:
             box.press("Tab")
             t = time.perf_counter()
             page.click("#run-btn")
-            clicks, rss = [], []
+            clicks, rss, engine_rss = [], [], []
             progress_path = ROOT / "test-artifacts" / f"measure-{tokens}-progress.jsonl"  # survives an aborted run
             progress = progress_path.open("w")
             while "Done" not in page.locator("#status").inner_text():
@@ -80,12 +109,16 @@ def through_ui(tokens: int, probe: bool) -> dict:
                     raise TimeoutError("the run did not finish in an hour")
                 time.sleep(2.0)
                 rss.append(resident_mb(srv.proc.pid))
+                engine_rss.append(engine_mb(srv.proc.pid))
                 if probe:  # a user click during the run: how long until the page answers?
                     c = time.perf_counter()
                     page.locator("#tree-pick input").fill("-1")
                     page.evaluate("() => document.querySelector('#summary').innerText.length")
                     clicks.append(time.perf_counter() - c)
                 progress.write(json.dumps({"s": round(time.perf_counter() - t, 1), "server_rss_mb": round(rss[-1], 1),
+                                           "engine_rss_mb": round(engine_rss[-1], 1),
+                                           "browser_rss_mb": round(browser_mb(), 1),
+                                           "page_js_heap_mb": round(page.evaluate(JS_HEAP) / 2**20, 1),
                                            "click_ms": round(1000 * clicks[-1], 1) if clicks else None,
                                            "status": page.locator("#status").inner_text()[:120]}) + "\n")
                 progress.flush()
@@ -96,7 +129,9 @@ def through_ui(tokens: int, probe: bool) -> dict:
                 out[f"{method}_tok_s"] = float(re.search(r"([\d,.]+) tok/s", text).group(1).replace(",", ""))
             out["rss_mb_peak"] = round(max(rss or [0]), 1)
             out["rss_mb_end"] = round(resident_mb(srv.proc.pid), 1)
-            out["page_js_heap_mb"] = round(page.evaluate("() => performance.memory.usedJSHeapSize") / 2**20, 1)
+            out["engine_rss_mb_peak"] = round(max(engine_rss or [0]), 1)
+            out["engine_rss_mb_end"] = round(engine_mb(srv.proc.pid), 1)
+            out["page_js_heap_mb"] = round(page.evaluate(JS_HEAP) / 2**20, 1)
             out["page_dom_nodes"] = page.evaluate("() => document.getElementsByTagName('*').length")
             if clicks:
                 out["page_probe_ms_median"] = round(1000 * sorted(clicks)[len(clicks) // 2], 1)
@@ -147,6 +182,7 @@ def through_server(tokens: int) -> dict:
             out[f"{method}_tok_s"] = float(found.group(1).replace(",", "")) if found else None
         out["rss_mb_peak"] = round(max(rss or [0]), 1)
         out["rss_mb_end"] = round(resident_mb(srv.proc.pid), 1)
+        out["engine_rss_mb_end"] = round(engine_mb(srv.proc.pid), 1)
     finally:
         srv.close()
     return out

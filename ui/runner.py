@@ -37,25 +37,18 @@ class Executor(Protocol):
     def submit(self, fn, /, *args, **kwargs) -> Future: ...
 
 
-class Runner:
-    """One run in the background: on its own daemon thread, or as a job of `executor` (the app passes its
-    single torch thread, see ui/torch_thread.py)."""
+class RunHandle:
+    """What the UI holds for one run: a queue of its events, stop, and whether it has ended. Subclasses say
+    where the run executes (`Runner`: a thread of this process; `ProcessRunner`: the engine process)."""
 
-    def __init__(self, generator: Generator, request: RunRequest, max_queued: int = 0,
-                 executor: Executor | None = None) -> None:
-        self.generator = generator
+    def __init__(self, request: RunRequest, max_queued: int = 0) -> None:
         self.request = request
         self.events: queue.Queue[Step | Finished] = queue.Queue(maxsize=max_queued)
         self._stop = threading.Event()
-        self._executor = executor
         self._done = threading.Event()
 
-    def start(self) -> "Runner":
-        if self._executor is not None:
-            self._executor.submit(self._work)
-        else:
-            threading.Thread(target=self._work, name="tokenswift-runner", daemon=True).start()
-        return self
+    def start(self) -> "RunHandle":
+        raise NotImplementedError
 
     def stop(self) -> None:
         self._stop.set()
@@ -72,16 +65,9 @@ class Runner:
         """True until the run has ended (a run queued behind another job counts as alive)."""
         return not self._done.is_set()
 
-    def _work(self) -> None:
-        error = None
-        try:
-            for step in interleave(self.generator, self.request, self._stop):
-                self.events.put(step)
-        except Exception as exc:  # reported to the UI as a message; the server keeps running
-            error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.events.put(Finished(error, self._stop.is_set()))
-            self._done.set()
+    def _finish(self, event: Finished) -> None:
+        self.events.put(event)
+        self._done.set()
 
     def drain(self, limit: int = 10_000) -> list[Step | Finished]:
         """Every event queued so far (without waiting)."""
@@ -92,6 +78,34 @@ class Runner:
             except queue.Empty:
                 break
         return out
+
+
+class Runner(RunHandle):
+    """One run in this process: on its own daemon thread, or as a job of `executor` (the app's single
+    torch thread, see ui/torch_thread.py, when the engine process is turned off)."""
+
+    def __init__(self, generator: Generator, request: RunRequest, max_queued: int = 0,
+                 executor: Executor | None = None) -> None:
+        super().__init__(request, max_queued)
+        self.generator = generator
+        self._executor = executor
+
+    def start(self) -> "Runner":
+        if self._executor is not None:
+            self._executor.submit(self._work)
+        else:
+            threading.Thread(target=self._work, name="tokenswift-runner", daemon=True).start()
+        return self
+
+    def _work(self) -> None:
+        error = None
+        try:
+            for step in interleave(self.generator, self.request, self._stop):
+                self.events.put(step)
+        except Exception as exc:  # reported to the UI as a message; the server keeps running
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._finish(Finished(error, self._stop.is_set()))
 
 
 def interleave(gen: Generator, req: RunRequest, stop: threading.Event) -> Iterator[Step]:
