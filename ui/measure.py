@@ -49,17 +49,27 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def browser_mb() -> float:
-    """Resident memory of this process's Chromium processes (summed; shared pages count once per process)."""
-    total = 0.0
+def proportional_mb(pid: int) -> float:
+    """A process's proportional set size (shared pages split among their users), in MiB."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def browser_mb() -> dict[str, float]:
+    """Memory of this process's Chromium processes: their summed proportional set size (what they take
+    together) and the largest single process's."""
+    sizes = []
     for pid in descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/comm") as f:
                 if "chrom" in f.read():
-                    total += resident_mb(pid)
+                    sizes.append(proportional_mb(pid))
         except OSError:
             pass
-    return total
+    return {"total": round(sum(sizes), 1), "largest": round(max(sizes or [0]), 1)}
 
 
 def ui_defaults(tokens: int):
@@ -117,7 +127,7 @@ def through_ui(tokens: int, probe: bool) -> dict:
                     clicks.append(time.perf_counter() - c)
                 progress.write(json.dumps({"s": round(time.perf_counter() - t, 1), "server_rss_mb": round(rss[-1], 1),
                                            "engine_rss_mb": round(engine_rss[-1], 1),
-                                           "browser_rss_mb": round(browser_mb(), 1),
+                                           "browser_pss_mb": browser_mb(),
                                            "page_js_heap_mb": round(page.evaluate(JS_HEAP) / 2**20, 1),
                                            "click_ms": round(1000 * clicks[-1], 1) if clicks else None,
                                            "status": page.locator("#status").inner_text()[:120]}) + "\n")
@@ -132,6 +142,7 @@ def through_ui(tokens: int, probe: bool) -> dict:
             out["engine_rss_mb_peak"] = round(max(engine_rss or [0]), 1)
             out["engine_rss_mb_end"] = round(engine_mb(srv.proc.pid), 1)
             out["page_js_heap_mb"] = round(page.evaluate(JS_HEAP) / 2**20, 1)
+            out["browser_pss_mb_end"] = browser_mb()
             out["page_dom_nodes"] = page.evaluate("() => document.getElementsByTagName('*').length")
             if clicks:
                 out["page_probe_ms_median"] = round(1000 * sorted(clicks)[len(clicks) // 2], 1)

@@ -11,9 +11,9 @@ from .trace import MethodTrace, RunTrace
 
 Decode = Callable[[list[int]], str]
 
-SPEED_NOTE = ("Speed: AR and TokenSwift run alternately in one worker thread (one TokenSwift iteration, then AR "
-              "until it catches up), so neither competes with the other for the CPU; each method's tokens/s is "
-              "its tokens over its own compute time, prefill excluded.")
+SPEED_NOTE = ("Speed: AR and TokenSwift run alternately in one engine process, apart from the web server (one "
+              "TokenSwift iteration, then AR until it catches up), so neither competes with the other for the CPU; "
+              "each method's tokens/s is its tokens over its own compute time, prefill excluded.")
 
 
 def pane_stats(m: MethodTrace, max_new: int) -> str:

@@ -61,7 +61,7 @@ def accepted_figure(trace: MethodTrace, height: int = 340) -> go.Figure:
                              hovertemplate="%{y} iterations accepted %{x}<extra>" + source + "</extra>"),
                       row=1, col=2)
     title, subtitle = _titles(trace)
-    fig.update_layout(**base_layout(title, height, subtitle=subtitle, subplot_title_px=22))
+    fig.update_layout(**base_layout(title, height, subtitle=subtitle, legend_rows=2, subplot_title_px=22))
     fig.update_layout(barmode="stack", bargap=0.15)
     fig.update_xaxes(title_text="iteration", row=1, col=1)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1)

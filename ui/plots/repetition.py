@@ -116,7 +116,8 @@ def _panel_title(name: str, tokens: list[int]) -> str:
         return f"{name}: no tokens yet"
     d = distinct_all(tokens)
     dist = " ".join(f"D{n} {d[n]:.2f}" for n in NGRAM_ORDERS)
-    return f"{name} ({len(tokens):,} tokens)<br>{dist} · repeats {repeated_fraction(tokens):.0%}"
+    # three short lines: two panels' titles side by side must not run into each other on a narrow plot
+    return f"{name} ({len(tokens):,} tokens)<br>{dist}<br>repeats {repeated_fraction(tokens):.0%}"
 
 
 def repetition_figure(ar_tokens: list[int], ts_tokens: list[int], chunk_size: int = 256,
@@ -144,7 +145,7 @@ def repetition_figure(ar_tokens: list[int], ts_tokens: list[int], chunk_size: in
         fig.update_xaxes(title_text=f"chunk j ({size} tokens each)", constrain="domain", row=1, col=col)
         fig.update_yaxes(title_text="chunk i", autorange="reversed", scaleanchor=f"x{'' if col == 1 else col}",
                          constrain="domain", row=1, col=col)
-    fig.update_layout(**base_layout(title, height, subtitle=subtitle, legend_rows=0, subplot_title_px=36))
+    fig.update_layout(**base_layout(title, height, subtitle=subtitle, legend_rows=0, subplot_title_px=50))
     fig.update_layout(coloraxis=dict(colorscale=OVERLAP_COLORSCALE, cmin=0, cmax=1,
                                      colorbar=dict(title=dict(text="shared"), thickness=12, len=0.8)))
     return fig
