@@ -88,3 +88,10 @@ def test_step_explanation_names_each_verdict():
 def test_live_text_window_hides_old_tokens_with_a_note():
     segs = segments(list(range(100)), [None] * 100, lambda ids: "x" * len(ids), window=10)
     assert segs[0][0].startswith("[… 90 earlier tokens") and segs[1] == ("x" * 10, None)
+
+
+def test_pane_stats_before_any_token():
+    from ui.render import pane_stats
+    from ui.trace import MethodTrace
+
+    assert pane_stats(MethodTrace("ar"), 500) == "**AR** · 0 / 500 tokens · no tokens yet"

@@ -177,6 +177,8 @@ class LiveApp:
         out = self._full_update(trace, gen.decode, decode_one, session.greedy,
                                 f"Step mode: iteration {step.index} done ({trace.tokenswift.generated:,} tokens).")
         out.update(step_caption=caption, step_table=rows)
+        if trace.ar.generated == 0:
+            out["ar_stats"] = "**AR** · not run in step mode (Step runs one TokenSwift iteration; Run compares both)"
         return out
 
     # ---- export and replay ----------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ SPEED_NOTE = ("Speed: AR and TokenSwift run alternately in one engine process, a
 
 def pane_stats(m: MethodTrace, max_new: int) -> str:
     label = "AR" if m.method == "ar" else "TokenSwift"
+    if m.generated == 0:
+        return f"**{label}** · 0 / {max_new:,} tokens · no tokens yet"
     line = (f"**{label}** · {m.generated:,} / {max_new:,} tokens · **{m.tokens_per_s:,.1f} tok/s** · "
             f"{m.compute_s:.2f} s compute (+{m.prefill_s:.2f} s prefill)")
     if m.method == "tokenswift" and m.iterations:
