@@ -12,7 +12,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 def main() -> None:
     from ui.engine_process import EngineProcess
-    from ui.layout import CSS, build_demo
+    from ui.layout import CSS, JS, build_demo
     from ui.live import LiveApp
     from ui.models import ModelCache
 
@@ -28,7 +28,7 @@ def main() -> None:
     demo.queue(default_concurrency_limit=1)
     port = int(os.environ.get("GRADIO_SERVER_PORT", "7860"))
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=False)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, js=JS, show_error=False)
     finally:
         if engine is not None:
             engine.close()

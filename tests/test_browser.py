@@ -70,6 +70,25 @@ def test_run_fills_both_panes_and_all_four_plots(page):
     assert "Speedup" in page.locator("#summary").inner_text()
 
 
+def window_listeners(pg, kind: str) -> int:
+    """How many `kind` listeners the page's window holds (Chrome DevTools protocol)."""
+    cdp = pg.context.new_cdp_session(pg)
+    window = cdp.send("Runtime.evaluate", {"expression": "window"})["result"]["objectId"]
+    listeners = cdp.send("DOMDebugger.getEventListeners", {"objectId": window})["listeners"]
+    cdp.detach()
+    count = sum(1 for item in listeners if item["type"] == kind)
+    print(f"\n[window {kind} listeners] {count}")
+    return count
+
+
+def test_replaced_plots_are_released(page):
+    """Gradio remounts a plot on every update; each plotly plot registers a window resize listener that
+    holds it. Without ui/plotly_purge.js a 500-token run leaves one per plot update (hundreds)."""
+    plots_on_page = page.evaluate("() => document.querySelectorAll('.js-plotly-plot').length")
+    assert plots_on_page == 4
+    assert window_listeners(page, "resize") <= 12
+
+
 def test_stop_stops_a_long_run(page):
     set_max_new(page, 20000)
     page.click("#run-btn")

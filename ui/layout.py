@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Callable, Iterator
 
 import gradio as gr
@@ -20,6 +21,9 @@ Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.
 real: **AR** and **TokenSwift** side by side on the same model. TokenSwift drafts several tokens per step with
 multi-token heads and reused n-grams, verifies the whole draft tree in one forward pass, and keeps exactly the
 tokens the model itself would have produced."""
+
+# Run on page load (launch(js=...)): purge each plotly plot that Gradio drops, see the file.
+JS = (Path(__file__).with_name("plotly_purge.js")).read_text()
 
 CSS = """
 #ar-text, #ts-text {max-height: 420px; overflow-y: auto;}

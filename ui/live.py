@@ -6,6 +6,7 @@ browser session; they are dropped when the tab closes. Handlers turn every user 
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from .torch_thread import TORCH
 from .trace import RunTrace
 
 TEXT_PERIOD_S = 0.5  # text and stats refresh
-PLOT_PERIOD_S = 1.5  # plots refresh (the browser, not the server, is the bottleneck)
+# plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it
+PLOT_PERIOD_S = float(os.environ.get("TOKENSWIFT_PLOT_PERIOD", "1.5"))
 POLL_S = 0.05
 UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
 
