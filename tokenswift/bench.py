@@ -8,6 +8,12 @@
     python -m tokenswift.bench memory --model assets/default-model [--method ar] [--tokens 1000]
         The process's resident memory while one generation streams (paper sampling settings, seed 0):
         what a long run costs beyond its KV cache.
+
+    python -m tokenswift.bench context --model assets/default-model --text ../shared/corpus/emma.txt \
+            [--contexts 8000 16000] [--tokens 120]
+        AR and TokenSwift (paper sampling settings, seed 0) after a prompt of each length cut from --text:
+        tokens/s over the methods' own compute, and per iteration the draft and verification times, the
+        tree size and the accepted tokens. Where long-context verification on CPU spends its time.
 """
 from __future__ import annotations
 
@@ -97,6 +103,32 @@ def memory(model: str, method: str, tokens: int, every: int) -> dict:
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
+def context(model: str, text_path: str, contexts: list[int], tokens: int) -> dict:
+    from .generator import Generator
+    from .settings import Settings
+
+    gen = Generator.from_pretrained(model)
+    with open(text_path, encoding="utf-8") as f:
+        ids = gen.encode(f.read()[: 20 * max(contexts)])  # about 4-5 characters per token: plenty
+    settings = Settings(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
+    rows = []
+    for length in contexts:
+        if len(ids) < length:
+            raise ValueError(f"--text has {len(ids):,} tokens, fewer than the {length:,} asked for")
+        for method in ("ar", "tokenswift"):
+            steps = [s for s in gen.stream(ids[:length], settings, tokens, method=method, seed=0) if s.index > 0]
+            made = sum(s.accepted_length for s in steps)
+            draft = sum(s.timings.draft_s for s in steps)
+            verify = sum(s.timings.verify_s for s in steps)
+            total = sum(s.timings.total_s for s in steps)
+            n = len(steps)
+            rows.append({"context": length, "method": method, "tok_s": round(made / total, 1),
+                         "tokens_per_iteration": round(made / n, 2), "draft_ms": round(1e3 * draft / n, 1),
+                         "verify_ms": round(1e3 * verify / n, 1), "tree_nodes": round(sum(len(s.tree) for s in steps) / n, 1)})
+    return {"benchmark": "context", "model": model, "text": text_path, "new_tokens": tokens, "rows": rows,
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswift.bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,11 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--method", default="ar", choices=["ar", "tokenswift"])
     m.add_argument("--tokens", type=int, default=1000)
     m.add_argument("--every", type=int, default=250)
+    c = sub.add_parser("context", help="AR and TokenSwift speed after long prompts")
+    c.add_argument("--model", default="assets/default-model")
+    c.add_argument("--text", required=True, help="a plain-text file to cut the prompts from")
+    c.add_argument("--contexts", type=int, nargs="+", default=[8000, 16000])
+    c.add_argument("--tokens", type=int, default=120)
     args = parser.parse_args(argv)
     if args.command == "ar-vs-hf":
         print(json.dumps(ar_vs_hf(args.new, args.repeats, getattr(torch, args.dtype))))
     elif args.command == "memory":
         print(json.dumps(memory(args.model, args.method, args.tokens, args.every)))
+    elif args.command == "context":
+        print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))
     return 0
 
 
