@@ -95,3 +95,22 @@ def test_pane_stats_before_any_token():
     from ui.trace import MethodTrace
 
     assert pane_stats(MethodTrace("ar"), 500) == "**AR** · 0 / 500 tokens · no tokens yet"
+
+
+def test_sessions_that_never_close_do_not_pile_up():
+    from types import SimpleNamespace
+
+    from ui.live import MAX_SESSIONS, LiveApp
+    from ui.models import ModelCache
+
+    app = LiveApp(ModelCache({}))
+    first = app.session(SimpleNamespace(session_hash="s0"))
+    for i in range(1, MAX_SESSIONS + 10):
+        app.session(SimpleNamespace(session_hash=f"s{i}"))
+    assert len(app.sessions) == MAX_SESSIONS and "s0" not in app.sessions
+    assert app.session(SimpleNamespace(session_hash="s0")) is not first  # a fresh one
+    busy = app.session(SimpleNamespace(session_hash="busy"))
+    busy.runner = SimpleNamespace(alive=True)
+    for i in range(100, 100 + 2 * MAX_SESSIONS):
+        app.session(SimpleNamespace(session_hash=f"s{i}"))
+    assert app.sessions["busy"] is busy  # a running session is never dropped

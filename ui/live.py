@@ -27,6 +27,7 @@ TEXT_PERIOD_S = 0.5  # text and stats refresh
 # plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it
 PLOT_PERIOD_S = float(os.environ.get("TOKENSWIFT_PLOT_PERIOD", "1.5"))
 POLL_S = 0.05
+MAX_SESSIONS = 32  # sessions whose last run (trace, step state) the server keeps for export and replay
 UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
 
 
@@ -55,7 +56,22 @@ class LiveApp:
     def session(self, request: gr.Request | None) -> Session:
         key = getattr(request, "session_hash", None) or "anonymous"
         with self._lock:
-            return self.sessions.setdefault(key, Session())
+            session = self.sessions.pop(key, None) or Session()
+            self.sessions[key] = session  # most recently used last
+            self._evict_idle()
+            return session
+
+    def _evict_idle(self) -> None:
+        """Clients that never close their session (API scripts, crashed tabs) must not pile up traces: past
+        MAX_SESSIONS, the least recently used sessions without a running run are dropped."""
+        excess = len(self.sessions) - MAX_SESSIONS
+        for key in list(self.sessions):
+            if excess <= 0:
+                break
+            runner = self.sessions[key].runner
+            if runner is None or not runner.alive:
+                del self.sessions[key]
+                excess -= 1
 
     def close_session(self, request: gr.Request) -> None:
         key = getattr(request, "session_hash", None) or "anonymous"
