@@ -9,7 +9,8 @@ score tensors inside the CPU cache.
 Many queries over a long prefix (a draft tree being verified, a prefill chunk) take the split form on
 CPU: the unmasked prefix through PyTorch's CPU flash-attention kernel, which also returns each row's
 log-sum-exp, and the small masked block by hand, merged by log-sum-exp. Measured on one core (6 query
-heads, 2 KV heads, d 64, 72 tree nodes over 16K keys): 48 ms -> 24 ms per layer, outputs within 4e-8.
+heads, 2 KV heads, d 64, 72 tree nodes over 16K keys): 48 ms -> 24 ms per layer, outputs within 4e-8; end to
+end (`python -m tokenswift.bench context`, default model, 16K context) verification 228 -> 186 ms per iteration.
 """
 from __future__ import annotations
 

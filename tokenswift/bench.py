@@ -66,13 +66,23 @@ def ar_vs_hf(new: int, repeats: int, dtype: torch.dtype) -> dict:
             "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
 
 
-def resident_mb(pid: int | str = "self") -> float:
-    """Resident memory of a process (this one by default), in MiB, from /proc."""
-    with open(f"/proc/{pid}/status") as f:
+def _proc_mb(path: str, field: str) -> float:
+    """A "Field:  N kB" line of a /proc file, in MiB (nan when absent)."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def resident_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process (this one by default), in MiB, from /proc."""
+    return _proc_mb(f"/proc/{pid}/status", "VmRSS:")
+
+
+def proportional_mb(pid: int | str = "self") -> float:
+    """A process's proportional set size (shared pages split among their users), in MiB."""
+    return _proc_mb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def child_pids(pid: int) -> list[int]:
@@ -89,10 +99,10 @@ def child_pids(pid: int) -> list[int]:
 
 def memory(model: str, method: str, tokens: int, every: int) -> dict:
     from .generator import Generator
-    from .settings import Settings
+    from .settings import PAPER_SAMPLING, Settings
 
     gen = Generator.from_pretrained(model)
-    settings = Settings(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
+    settings = Settings(**PAPER_SAMPLING)
     before = resident_mb()
     points = []
     for step in gen.stream("It is a truth universally acknowledged, that", settings, tokens, method=method, seed=0):
@@ -105,12 +115,12 @@ def memory(model: str, method: str, tokens: int, every: int) -> dict:
 
 def context(model: str, text_path: str, contexts: list[int], tokens: int) -> dict:
     from .generator import Generator
-    from .settings import Settings
+    from .settings import PAPER_SAMPLING, Settings
 
     gen = Generator.from_pretrained(model)
     with open(text_path, encoding="utf-8") as f:
         ids = gen.encode(f.read()[: 20 * max(contexts)])  # about 4-5 characters per token: plenty
-    settings = Settings(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
+    settings = Settings(**PAPER_SAMPLING)
     rows = []
     for length in contexts:
         if len(ids) < length:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
-from tokenswift.bench import child_pids, resident_mb  # noqa: E402
+from tokenswift.bench import child_pids, proportional_mb, resident_mb  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
 from ui.models import ModelCache  # noqa: E402
 from ui.runner import RunRequest, interleave  # noqa: E402
@@ -47,15 +47,6 @@ def descendants(pid: int) -> list[int]:
         out += kids
         todo += kids
     return out
-
-
-def proportional_mb(pid: int) -> float:
-    """A process's proportional set size (shared pages split among their users), in MiB."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def browser_mb() -> dict[str, float]:

@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 
 from ..generator import Generator
-from ..settings import Settings
+from ..settings import PAPER_SAMPLING, Settings
 from .acceptance_bound import ranks_along, tokens_per_iteration
 from .corpus import ALL_SOURCES, AUSTEN_SOURCES, load_corpus
 from .heads import head_accuracy
 from .lm import evaluate as lm_evaluate
 from .lm import make_val_group
 
-PAPER = dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024, ngram_reuse=True, ngram_topk=20)
+PAPER = dict(**PAPER_SAMPLING, ngram_reuse=True, ngram_topk=20)
 
 
 def distinct(tokens: list[int], n: int) -> float:
