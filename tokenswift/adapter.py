@@ -6,6 +6,7 @@ whatever the model was configured with). The adapter only knows where those piec
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Protocol
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from .attention import attend
+from .lean import LeanModel, eligible
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -69,6 +71,11 @@ class ModelAdapter:
         self.embed_device = module_device(self.inner.embed_tokens)
         self.head_device = module_device(model.lm_head)
         self.norm_device = module_device(self.inner.norm)
+        # The lean step (fused, pre-transposed weights; no module calls) wherever the weights sit on one
+        # device; accelerate-offloaded models go through their own modules. TOKENSWIFT_LEAN=0 turns it off.
+        self.lean: LeanModel | None = None
+        if os.environ.get("TOKENSWIFT_LEAN", "1") != "0" and eligible(model):
+            self.lean = LeanModel(model, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling, self.windows)
 
     @property
     def num_layers(self) -> int:
@@ -108,6 +115,9 @@ class ModelAdapter:
         """ids, positions: (T,) int64. block_mask: (T, T) bool, True = may attend (None: all).
         Returns hidden (T, hidden) before the final norm, and per layer the rotated queries (Hq, T, d)
         when `capture_queries`."""
+        if self.lean is not None:
+            return self.lean.forward(ids, positions, cache, start, block_mask, capture_queries,
+                                     lambda i, pos: self._window_mask(i, cache, start, pos))
         t = ids.shape[0]
         h = self.inner.embed_tokens(ids.to(self.embed_device)[None])  # (1, T, H)
         pos = positions.to(h.device)
@@ -151,12 +161,24 @@ class ModelAdapter:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, H) before the final norm -> logits (T, V) in float32."""
+        if self.lean is not None:
+            return self.lean.logits(hidden)
         weight = self._float_head_weight()
         if weight is None:
             x = self.inner.norm(hidden.to(self.norm_device))
             return self.model.lm_head(x.to(self.head_device)).float()
         x = self.inner.norm(hidden.to(self.norm_device).float())  # HF RMSNorms keep a float32 input in float32
         return torch.nn.functional.linear(x.to(self.head_device), weight)
+
+    @torch.inference_mode()
+    def logits_from_normed(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, H) already normalised (the heads' post norm) -> LM-head logits (T, V) in float32."""
+        if self.lean is not None:
+            return self.lean.head(x.to(self.lean.compute_dtype)).float()
+        weight = self._float_head_weight()
+        if weight is None:
+            return self.model.lm_head(x.to(self.head_device)).float()
+        return torch.nn.functional.linear(x.to(self.head_device).float(), weight)
 
     def _float_head_weight(self) -> torch.Tensor | None:
         """A float32 copy of the LM head's weight for half-precision models on CPU, else None.

@@ -17,9 +17,11 @@ from .heads import Heads, read_head_tensors
 from .kv_cache import KVCache
 from .ngram import NGramTable
 from .partial_cache import PartialKVCache
-from .sampling import UniformStream, apply_penalty, decide
+from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, CostModel, choose
+from .sampling import UniformStream, decide, decide_rows, penalize_rows, seen_rows
 from .settings import Settings
-from .tree import SOURCE_HEAD, SOURCE_NGRAM, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
+from .suffix import SuffixIndex
+from .tree import AUTO, SOURCE_HEAD, SOURCE_NGRAM, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
 
 METHODS = ("ar", "tokenswift")
 PREFILL_CHUNK = 256
@@ -120,9 +122,11 @@ class Generator:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def stream(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
-               method: str = "tokenswift", seed: int = 0, stop: threading.Event | None = None) -> Iterator[ev.Step]:
+               method: str = "tokenswift", seed: int = 0, stop: threading.Event | None = None,
+               detail: bool = True) -> Iterator[ev.Step]:
         """Generate, yielding one Step per iteration. Setting `stop` ends the run after the current
-        iteration. Timings count only the engine's own compute, not the time the consumer holds a step."""
+        iteration. Timings count only the engine's own compute, not the time the consumer holds a step.
+        detail=False leaves `Step.tree` empty (no per-node objects; `Step.draft_nodes` still counts them)."""
         settings = settings if settings is not None else Settings()
         if not isinstance(settings, Settings):
             raise ValueError("settings must be a tokenswift.Settings")
@@ -131,7 +135,7 @@ class Generator:
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         ids = self.encode(prompt)
-        run = _Run(self, ids, settings, max_new_tokens, method, seed)
+        run = _Run(self, ids, settings, max_new_tokens, method, seed, detail)
         return run.steps(stop)
 
     def generate(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
@@ -139,7 +143,7 @@ class Generator:
         prompt_ids = self.encode(prompt)
         new: list[int] = []
         stats = _Stats()
-        for step in self.stream(prompt_ids, settings, max_new_tokens, method, seed, stop):
+        for step in self.stream(prompt_ids, settings, max_new_tokens, method, seed, stop, detail=False):
             new.extend(step.token_ids)
             stats.add(step)
         return Result(prompt_ids, new, self.decode(new), stats.summary(method))
@@ -180,7 +184,7 @@ class _Stats:
         self.tokens += len(step.tokens)
         for t in step.tokens:
             self.by_source[t.source] = self.by_source.get(t.source, 0) + 1
-        self.nodes += max(0, len(step.tree) - 1)
+        self.nodes += step.draft_nodes
         self.draft_s += step.timings.draft_s
         self.verify_s += step.timings.verify_s
         self.bookkeeping_s += step.timings.bookkeeping_s
@@ -208,32 +212,47 @@ class _Stats:
 
 
 class _Run:
-    """The state of one generation: caches, token history, n-gram table, random stream."""
+    """The state of one generation: caches, token history, n-gram tables, random stream, auto planner."""
 
-    def __init__(self, gen: Generator, ids: list[int], settings: Settings, max_new: int, method: str, seed: int) -> None:
+    def __init__(self, gen: Generator, ids: list[int], settings: Settings, max_new: int, method: str, seed: int,
+                 detail: bool = True) -> None:
         self.gen, self.a, self.s = gen, gen.adapter, settings
-        self.method, self.max_new = method, max_new
+        self.method, self.max_new, self.detail = method, max_new, detail
         self.ids = list(ids)
         self.uniforms = UniformStream(seed)
         self.walk = exact_walk if settings.acceptance == "exact" else per_row_walk
         heads = gen.heads
+        self.auto = method == "tokenswift" and settings.tree == AUTO
         self.paths = parse_tree(settings.tree) if method == "tokenswift" else []
-        self.fused = settings.draft == "fused" and heads is not None
+        # auto always drafts fused (no draft forward: on a CPU it costs about an AR step, measured)
+        self.fused = heads is not None and (settings.draft == "fused" or self.auto)
         if heads is None:
             self.paths = []  # no heads: n-gram drafts only
+        elif self.auto:
+            self.paths = [p for p in parse_tree(AUTO_HEAD_TREE) if len(p) <= heads.num_heads]
         else:  # paper: base LM head + each extra head; fused: the extra heads only
             levels = heads.num_heads if self.fused else 1 + heads.num_heads
             self.paths = [p for p in self.paths if len(p) <= levels]
         self.fused_hidden: torch.Tensor | None = None  # (1, H) verification hidden state at the last accepted node
         self.widths = tree_widths(self.paths)
         self.use_ngrams = method == "tokenswift" and settings.ngram_reuse and settings.ngram_topk > 0
-        max_nodes = 1 + len(self.paths) + ((self.widths[0] if self.widths else 0) + 1) * settings.ngram_topk * NGRAM_SIZE
+        if self.auto:
+            max_nodes = MAX_ROWS + max(PROBE_ROWS)
+        else:
+            max_nodes = 1 + len(self.paths) + ((self.widths[0] if self.widths else 0) + 1) * settings.ngram_topk * NGRAM_SIZE
         capacity = len(ids) + max_new + max_nodes + 1
         self.seq = torch.zeros(capacity, dtype=torch.long)  # token history for the penalty window
         self.seq[: len(ids)] = torch.tensor(ids)
         a = self.a
         self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.cache_dtype)
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
+        self.suffix = SuffixIndex() if self.auto and settings.ngram_reuse else None
+        self.stats = AcceptanceStats() if self.auto else None
+        self.costs = CostModel() if self.auto else None
+        self.head_idle = 0  # auto: consecutive plans that used no head node (heads are then consulted less often)
+        self.head_next = 0  # auto: first iteration at which the heads are consulted again
+        self.iteration = 0
+        self.probe_s = 0.0  # auto: time of this iteration's cost probe (not part of the usual overhead)
         self.partial: PartialKVCache | None = None
         self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
 
@@ -248,13 +267,19 @@ class _Run:
         tail = self.seq[max(0, n + len(extra) - w) : n]
         return torch.cat([tail, torch.tensor(extra, dtype=torch.long)])[-w:]
 
+    def seen(self, extras: list[list[int]]) -> torch.Tensor | None:
+        """(N, V) penalty windows of N rows whose drafted ancestors are `extras` (None: no penalty)."""
+        if self.s.penalty == 1.0:
+            return None
+        return seen_rows(self.seq, len(self.ids), self.s.penalty_window, extras, self.a.vocab_size)
+
     def _sync(self) -> None:
         if self.full.k and self.full.k[0].device.type == "cuda":
             torch.cuda.synchronize(self.full.k[0].device)
 
     def cache_state(self, with_positions: bool) -> ev.CacheState:
         f = self.full
-        if self.method == "ar" or not self.paths:
+        if self.method == "ar" or not (self.paths or self.auto):
             mode = "none"
         else:
             mode = "fused" if self.fused else self.s.kv_mode
@@ -281,10 +306,15 @@ class _Run:
             t = len(chunk)
             causal = torch.ones(t, t, dtype=torch.bool).tril_()
             ids = torch.tensor(chunk)
-            _, q = self.a.forward(ids, torch.arange(start, start + t), self.full, start, causal, capture_queries=True)
+            _, q = self.a.forward(ids, torch.arange(start, start + t), self.full, start, causal,
+                                  capture_queries=self.partial_wanted)
             queries = [x[:, -1] for x in q]
             self.full.length = start + t
         return queries
+
+    @property
+    def partial_wanted(self) -> bool:
+        return bool(self.paths) and self.s.kv_mode != "full" and not self.fused
 
     # ---- the loop ------------------------------------------------------------------------------------
     def steps(self, stop: threading.Event | None) -> Iterator[ev.Step]:
@@ -292,7 +322,9 @@ class _Run:
         queries = self.prefill()
         if self.ngrams is not None:
             self.ngrams.extend(self.ids)
-        if self.paths and self.s.kv_mode != "full" and not self.fused:
+        if self.suffix is not None:
+            self.suffix.extend(self.ids)
+        if self.partial_wanted:
             report = self.a.num_layers // 2
             self.partial = PartialKVCache(self.full, self.s.kv_budget, self.s.kv_sink, self.s.recent_capacity,
                                           self.s.kv_mode, report)
@@ -304,10 +336,11 @@ class _Run:
             if stop is not None and stop.is_set():
                 return
             timings = ev.Timings()
+            note = ""
             if self.method == "ar":
-                tokens, tree = self.ar_step(timings)
+                tokens, tree, nodes = self.ar_step(timings)
             else:
-                tokens, tree = self.tokenswift_step(timings)
+                tokens, tree, nodes, note = self.tokenswift_step(timings)
             t_book = time.perf_counter()
             tokens = tokens[: self.max_new - generated]
             done = False
@@ -321,8 +354,10 @@ class _Run:
             cache = self.cache_state(with_positions=index == 0)
             timings.bookkeeping_s += time.perf_counter() - t_book
             elapsed += timings.total_s
-            yield ev.Step(index, self.method, tokens, cache, timings, generated, elapsed, prefill_s, tree, done)
+            yield ev.Step(index, self.method, tokens, cache, timings, generated, elapsed, prefill_s, tree, done,
+                          nodes, note)
             index += 1
+            self.iteration = index
             if done:
                 return
 
@@ -332,56 +367,70 @@ class _Run:
         self.seq[n : n + len(tokens)] = torch.tensor(tokens)
         if self.ngrams is not None:
             self.ngrams.extend(tokens)
+        if self.suffix is not None:
+            self.suffix.extend(tokens)
 
-    def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode]]:
+    def decide(self, logits: torch.Tensor, extras: list[list[int]], depths: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Every row's target token at once (argmax, or a sample with the uniform of its depth: the walk
+        reaches depth d only after d tokens were produced, so that node's token is the (d+1)-th draw)."""
+        u = None
+        if not self.s.greedy:
+            u = self.uniforms.peek(max(depths) + 1)[torch.tensor(depths)]
+        return decide_rows(logits, self.seen(extras), self.s, u)
+
+    def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int]:
         t = time.perf_counter()
         last, pos = self.ids[-1], len(self.ids) - 1
         h, _ = self.a.forward(torch.tensor([last]), torch.tensor([pos]), self.full, self.full.length)
-        logits = self.a.logits(h)[0]
-        token, _ = decide(logits, self.window([]), self.s, self.uniforms.next() if not self.s.greedy else 0.0)
+        logits = self.a.logits(h)
+        tokens, _ = self.decide(logits, [[]], [0])
+        if not self.s.greedy:
+            self.uniforms.take(1)
         timings.verify_s = time.perf_counter() - t
         t = time.perf_counter()
         self.full.length += 1
-        self.commit([token])
+        self.commit(tokens)
         timings.bookkeeping_s = time.perf_counter() - t
-        return [ev.AcceptedToken(token, ev.FROM_AR)], []
+        return [ev.AcceptedToken(tokens[0], ev.FROM_AR)], [], 0
 
-    def draft_logits(self) -> torch.Tensor:
+    # ---- drafting ------------------------------------------------------------------------------------
+    def head_logits(self, levels: int) -> torch.Tensor:
         """(levels, V) logits proposing depths 1, 2, ... of the tree.
 
         paper: one forward of the last token over the partial cache; the base LM head proposes depth 1
         and extra head i depth i + 2. fused (after the first iteration): extra head i applied to the
         verification pass's hidden state at the last accepted node proposes depth i + 1."""
-        levels = len(self.widths)
         if self.fused_hidden is not None:
-            head_hidden = self.gen.heads(self.fused_hidden)[:levels]  # (levels, 1, H)
-            return self.a.model.lm_head(head_hidden[:, 0]).float()
+            head_hidden = self.gen.heads(self.fused_hidden.to(self.a.dtype))[:levels]  # (levels, 1, H)
+            return self.a.logits_from_normed(head_hidden[:, 0])
         cache = self.full if self.partial is None else self.partial
         start = self.full.length if self.partial is None else self.partial.count
         pos = torch.tensor([len(self.ids) - 1])
         h, _ = self.a.forward(torch.tensor([self.ids[-1]]), pos, cache, start)  # (1, H)
-        rows = [self.a.logits(h)[0]]
+        rows = [self.a.logits(h)]
         if levels > 1:
-            head_hidden = self.gen.heads(h.to(self.a.head_device))[: levels - 1]  # (levels - 1, 1, H)
-            rows.extend(self.a.model.lm_head(head_hidden[:, 0]).float())
-        return torch.stack(rows)
+            head_hidden = self.gen.heads(h.to(self.a.head_device).to(self.a.dtype))[: levels - 1]  # (levels - 1, 1, H)
+            rows.append(self.a.logits_from_normed(head_hidden[:, 0]))
+        return torch.cat(rows)
+
+    def head_candidates(self) -> tuple[list[list[int]], list[list[float]]]:
+        """Ranked tokens and their draft probabilities per depth (the base window's penalty applied)."""
+        logits = self.head_logits(len(self.widths)).float()  # (depths, V)
+        if self.s.penalty != 1.0:
+            seen = self.seen([[]]).expand(logits.shape[0], -1)
+            logits = penalize_rows(logits, seen, self.s.penalty)
+        top = torch.topk(torch.softmax(logits, dim=-1), max(self.widths), dim=-1)
+        cands = [top.indices[d, :w].tolist() for d, w in enumerate(self.widths)]
+        cprobs = [top.values[d, :w].tolist() for d, w in enumerate(self.widths)]
+        return cands, cprobs
 
     def draft(self) -> DraftTree:
-        """Model drafts (see `draft_logits`) and n-gram reuse, merged into one trie."""
+        """Model drafts (see `head_logits`) and n-gram reuse, merged into one trie (fixed tree specs)."""
         last = self.ids[-1]
         tree = DraftTree.with_root(last)
         firsts: list[int] = []
         if self.paths:
-            logits = self.draft_logits()  # (depths, V)
-            if self.s.penalty != 1.0:
-                window = self.window([])
-                logits = torch.stack([apply_penalty(r, window, self.s.penalty) for r in logits])
-            probs = torch.softmax(logits, dim=-1)
-            cands, cprobs = [], []
-            for d, width in enumerate(self.widths):
-                top = torch.topk(probs[d], width)
-                cands.append(top.indices.tolist())
-                cprobs.append(top.values.tolist())
+            cands, cprobs = self.head_candidates()
             for tokens, p in build_head_paths(cands, cprobs, self.paths):
                 tree.add_path(tokens, SOURCE_HEAD, p)
             firsts = cands[0]
@@ -399,9 +448,79 @@ class _Run:
                     tree.add_path(path, SOURCE_NGRAM, [count / total] * len(path))
         return tree
 
-    def tokenswift_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode]]:
+    def draft_auto(self) -> tuple[DraftTree, list[list], str]:
+        """Cost-aware drafting: every proposal (suffix match, fused heads, 4-grams) in one candidate trie,
+        each node rated by its kind's measured acceptance, then pruned to the best expected rate."""
+        last = self.ids[-1]
+        self.probe_s = 0.0
+        if self.costs.needs_probe(len(self.ids)):
+            t = time.perf_counter()
+            self.costs.probe(self.probe_rows, len(self.ids))
+            self.probe_s = time.perf_counter() - t
+        cand = DraftTree.with_root(last)
+        rates, keys = [1.0], [[]]
+
+        def add(tokens: list[int], source: str, probs: list[float], kinds: list[tuple], priors: list[float]) -> None:
+            nodes = cand.add_path(tokens, source, probs)
+            for node, kind, prior in zip(nodes, kinds, priors):
+                rate = self.stats.rate(kind, prior)
+                if node == len(rates):  # new node
+                    rates.append(rate)
+                    keys.append([kind])
+                else:
+                    rates[node] = max(rates[node], rate)
+                    keys[node].append(kind)
+
+        if self.suffix is not None:
+            m, cont = self.suffix.lookup(SUFFIX_DRAFT)
+            if cont:
+                kinds = [("suffix", min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
+                add(cont, SOURCE_NGRAM, [1.0] * len(cont), kinds, [0.6 if m >= 3 else 0.3] * len(cont))
+        if self.paths and self.fused_hidden is not None and self.iteration >= self.head_next:
+            cands, cprobs = self.head_candidates()
+            for tokens, p in build_head_paths(cands, cprobs, self.paths):
+                kinds = [("head", d + 1, _prob_bucket(q)) for d, q in enumerate(p)]
+                add(tokens, SOURCE_HEAD, p, kinds, p)
+        if self.ngrams is not None:
+            found = self.ngrams.top(last, AUTO_NGRAMS)
+            total = sum(c for _, c in found) or 1
+            for cont, count in found:
+                share = count / total
+                kinds = [("ngram", j + 1, _prob_bucket(share)) for j in range(len(cont))]
+                add(list(cont), SOURCE_NGRAM, [share] * len(cont), kinds, [0.3 * share] * len(cont))
+
+        reach = [1.0]
+        for i in range(1, len(cand)):
+            reach.append(reach[cand.parents[i]] * rates[i])
+        plan = choose(reach, cand.depths, self.costs)
+        tree = DraftTree.with_root(last)
+        node_of = {0: 0}
+        kept_keys: list[list] = [[]]
+        for i in plan.keep:
+            node_of[i] = tree.add_node(node_of[cand.parents[i]], cand.tokens[i], cand.sources[i], cand.draft_probs[i])
+            kept_keys.append(keys[i])
+        used_heads = any(cand.sources[i] == SOURCE_HEAD for i in plan.keep)
+        if self.paths and self.fused_hidden is not None and self.iteration >= self.head_next:
+            self.head_idle = 0 if used_heads else self.head_idle + 1
+            self.head_next = self.iteration + 1 + (2 ** min(self.head_idle, 4) - 1 if self.head_idle else 0)
+        return tree, kept_keys, plan.note
+
+    def probe_rows(self, q: int) -> None:
+        """One verification of q rows (a chain of the last token) in the scratch slots past the cache."""
+        base = self.full.length
+        tokens = torch.full((q,), self.ids[-1], dtype=torch.long)
+        mask = torch.ones(q, q, dtype=torch.bool).tril_()
+        h, _ = self.a.forward(tokens, base + torch.arange(q), self.full, base, mask)
+        self.decide(self.a.logits(h), [[self.ids[-1]] * d for d in range(q)], list(range(q)))
+
+    # ---- one iteration -------------------------------------------------------------------------------
+    def tokenswift_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int, str]:
         t = time.perf_counter()
-        tree = self.draft()
+        keys, note = None, ""
+        if self.auto:
+            tree, keys, note = self.draft_auto()
+        else:
+            tree = self.draft()
         self._sync()
         timings.draft_s = time.perf_counter() - t
 
@@ -415,33 +534,64 @@ class _Run:
         timings.verify_s = time.perf_counter() - t
 
         t = time.perf_counter()
-        samples: dict[int, int] = {}
-        child_probs: dict[int, float] = {}
+        probs: torch.Tensor | None = None
+        picks: list[int] = []
+        if self.walk is exact_walk:
+            picks, probs = self.decide(logits, tree.ancestor_tokens(), tree.depths)
+            path, bonus = exact_walk(tree, picks.__getitem__)
+            if not self.s.greedy:
+                self.uniforms.take(len(path) + 1)
+        else:  # the original per-row rule (for the tests only): a fresh draw every time a node is asked
+            extras = tree.ancestor_tokens()
 
-        def pick(node: int) -> int:
-            ancestors = [tree.tokens[i] for i in tree.path_to(node)]
-            u = 0.0 if self.s.greedy else self.uniforms.next()
-            token, probs = decide(logits[node], self.window(ancestors), self.s, u)
-            samples[node] = token
-            for child in tree.children[node].values():
-                child_probs[child] = float(probs[tree.tokens[child]])
-            return token
+            def pick(node: int) -> int:
+                u = 0.0 if self.s.greedy else self.uniforms.next()
+                return decide(logits[node], self.window(extras[node]), self.s, u)[0]
 
-        path, bonus = self.walk(tree, pick)
+            path, bonus = per_row_walk(tree, pick)
+        decide_s = time.perf_counter() - t
         self.full.compact([base + node for node in path], base + 1)
         self.full.length = base + len(path) + 1
         new_tokens = [tree.tokens[node] for node in path] + [bonus]
         self.commit(new_tokens)
+        last_row = path[-1] if path else 0
         if self.fused:
-            self.fused_hidden = h[path[-1] if path else 0 : (path[-1] if path else 0) + 1].to(self.a.head_device)
+            self.fused_hidden = h[last_row : last_row + 1].to(self.a.head_device)
         if self.partial is not None:
-            last_row = path[-1] if path else 0
             self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])
+        if keys is not None:
+            on_path = set(path)
+            for visited in [0] + path:
+                for child in tree.children[visited].values():
+                    for kind in keys[child]:
+                        self.stats.observe(kind, child in on_path)
         accepted = [ev.AcceptedToken(tree.tokens[n], ev.FROM_NGRAM if tree.sources[n] == SOURCE_NGRAM else ev.FROM_HEAD,
                                      tree.depths[n]) for n in path]
         accepted.append(ev.AcceptedToken(bonus, ev.FROM_BONUS, len(path) + 1))
-        on_path = set(path) | {0}
-        nodes = [ev.TreeNode(tree.tokens[i], tree.parents[i], tree.depths[i], tree.sources[i], tree.draft_probs[i],
-                             i in on_path, child_probs.get(i), samples.get(i)) for i in range(len(tree))]
+        nodes: list[ev.TreeNode] = []
+        if self.detail:
+            visited = set(path) | {0}
+            for i in range(len(tree)):
+                parent = tree.parents[i]
+                target_prob = float(probs[parent, tree.tokens[i]]) if probs is not None and parent in visited else None
+                sample = picks[i] if picks and i in visited else None
+                nodes.append(ev.TreeNode(tree.tokens[i], parent, tree.depths[i], tree.sources[i], tree.draft_probs[i],
+                                         i in visited, target_prob, sample))
         timings.bookkeeping_s = time.perf_counter() - t
-        return accepted, nodes
+        if self.costs is not None:
+            other = timings.draft_s - self.probe_s + timings.bookkeeping_s - decide_s
+            self.costs.observe(len(tree), timings.verify_s + decide_s, other)
+        return accepted, nodes, len(tree) - 1, note
+
+
+AUTO_HEAD_TREE = "3x2x2"  # the head candidates auto may draw from (it keeps only those that pay)
+AUTO_NGRAMS = 4  # 4-gram continuations of the root offered to auto
+SUFFIX_DRAFT = 24  # longest suffix-match chain offered to auto
+
+
+def _chain_bucket(j: int) -> int:
+    return j if j <= 2 else 3 if j <= 4 else 5 if j <= 8 else 9
+
+
+def _prob_bucket(p: float) -> int:
+    return min(4, int(p * 5))

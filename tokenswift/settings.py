@@ -25,7 +25,9 @@ class Settings:
       min_p        keep tokens whose probability is at least min_p x the top probability (0: off).
       eta          eta sampling threshold (0: off).
     Drafting:
-      tree         a tree preset name (see `tokenswift.tree.TREE_PRESETS`) or a product spec like "1x3x3x3".
+      tree         "auto" (cost-aware: the tree that maximizes expected tokens per second on this machine,
+                   see `tokenswift.auto`; drafts fused, from heads, suffix matches and 4-grams), a tree
+                   preset name (see `tokenswift.tree.TREE_PRESETS`) or a product spec like "1x3x3x3".
       ngram_reuse  add the most frequent 4-grams starting with each depth-1 candidate as branches.
       ngram_topk   how many 4-grams per depth-1 candidate.
       kv_mode      partial KV cache for drafting: "full" (no partial cache), "once" (select at prefill,

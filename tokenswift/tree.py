@@ -29,8 +29,16 @@ SOURCE_HEAD = "head"  # depth 1 is the base LM head, depth d > 1 is extra head d
 SOURCE_NGRAM = "ngram"
 
 
+AUTO = "auto"  # cost-aware drafting (tokenswift.auto): no fixed spec
+
+
 def parse_tree(spec: str) -> list[tuple[int, ...]]:
-    """A preset name or a product spec ("1x3x3x3") -> sorted list of rank paths (no root)."""
+    """A preset name or a product spec ("1x3x3x3") -> sorted list of rank paths (no root). "auto" has no
+    fixed paths: []."""
+    if not isinstance(spec, str):
+        raise ValueError(f"tree must be a string (a preset, 'auto' or widths like '1x3x3x3'), got {spec!r}")
+    if spec.strip() == AUTO:
+        return []
     text = TREE_PRESETS.get(spec.strip(), spec.strip())
     if text == "":
         return []
@@ -38,7 +46,7 @@ def parse_tree(spec: str) -> list[tuple[int, ...]]:
         widths = [int(part) for part in text.lower().split("x")]
     except ValueError:
         raise ValueError(
-            f"tree must be a preset ({', '.join(TREE_PRESETS)}) or widths like '1x3x3x3', got {spec!r}"
+            f"tree must be 'auto', a preset ({', '.join(TREE_PRESETS)}) or widths like '1x3x3x3', got {spec!r}"
         ) from None
     if any(w < 1 or w > 64 for w in widths) or len(widths) > 16:
         raise ValueError(f"tree widths must be between 1 and 64, at most 16 levels, got {spec!r}")
@@ -72,23 +80,38 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add_path(self, tokens: list[int], source: str, probs: list[float] | None = None, max_nodes: int = 10**9) -> None:
-        """Insert a path below the root, sharing existing prefixes. Stops when the tree is full."""
-        node = 0
+    def add_path(self, tokens: list[int], source: str, probs: list[float] | None = None, max_nodes: int = 10**9) -> list[int]:
+        """Insert a path below the root, sharing existing prefixes; returns its nodes (fewer when the tree
+        is full)."""
+        node, nodes = 0, []
         for i, token in enumerate(tokens):
             child = self.children[node].get(token)
             if child is None:
                 if len(self.tokens) >= max_nodes:
-                    return
-                child = len(self.tokens)
-                self.tokens.append(token)
-                self.parents.append(node)
-                self.depths.append(self.depths[node] + 1)
-                self.sources.append(source)
-                self.draft_probs.append(probs[i] if probs is not None else 0.0)
-                self.children.append({})
-                self.children[node][token] = child
+                    return nodes
+                child = self.add_node(node, token, source, probs[i] if probs is not None else 0.0)
             node = child
+            nodes.append(node)
+        return nodes
+
+    def add_node(self, parent: int, token: int, source: str, prob: float) -> int:
+        """Append one child of `parent` (which must not already have a child with this token)."""
+        child = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.sources.append(source)
+        self.draft_probs.append(prob)
+        self.children.append({})
+        self.children[parent][token] = child
+        return child
+
+    def ancestor_tokens(self) -> list[list[int]]:
+        """Per node, the drafted tokens from the root's child down to the node itself (root: [])."""
+        out: list[list[int]] = [[]]
+        for i in range(1, len(self.tokens)):
+            out.append(out[self.parents[i]] + [self.tokens[i]])
+        return out
 
     def path_to(self, node: int) -> list[int]:
         """Nodes from the root's child down to `node` (the root itself excluded)."""

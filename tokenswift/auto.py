@@ -1,0 +1,135 @@
+"""Cost-aware drafting (`tree="auto"`): the draft tree that maximizes expected tokens per second here.
+
+On a GPU verifying 100 nodes costs about one step, so the paper's fixed 40-node tree is nearly free. On a
+CPU every verified row costs a real fraction of a step (measured here: 8 rows about 1.8x one row at 1K
+context), so the tree must be sized by what the machine charges and what the drafts are worth:
+
+* **Cost model** (`CostModel`): the time of verifying q rows (forward, logits and the per-row decision)
+  measured on the running machine by a probe of a few q at the current context length, re-probed when
+  the context has doubled, and corrected online by every iteration's own timing; plus the iteration's
+  fixed overhead (drafting and bookkeeping), also measured online.
+* **Acceptance model** (`AcceptanceStats`): for every kind of drafted node (a suffix match of length m at
+  chain position j; head level l with the head's own probability in a given bin; an n-gram of a given
+  count share) the rate at which the target accepted it when its parent was reached, decayed so that it
+  follows the text, starting from a prior.
+* **The rule** (Sequoia's hardware-aware objective, EAGLE-2's confidence ranking): merge every proposal
+  into one trie, give each node the probability that the walk reaches and accepts it (the product of
+  conditional rates along its path), take nodes in decreasing probability (parents always first), and
+  keep the prefix q that maximizes (1 + sum of the kept probabilities) / (cost of q + 1 rows + overhead).
+  When no draft pays for its row, q = 0: the iteration is one AR-cost step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
+PROBE_ROWS = (1, 4, 12, 32)  # rows timed by a probe; costs in between are interpolated
+MAX_ROWS = 48  # the largest verification (root included) the planner considers
+REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe
+
+
+class AcceptanceStats:
+    """Decayed acceptance rates per node kind, with a prior worth `prior_weight` observations."""
+
+    def __init__(self, decay: float = 0.97, prior_weight: float = 2.0) -> None:
+        self.decay, self.prior_weight = decay, prior_weight
+        self._counts: dict[Hashable, list[float]] = {}  # key -> [accepted, visited]
+
+    def rate(self, key: Hashable, prior: float) -> float:
+        accepted, visited = self._counts.get(key, (0.0, 0.0))
+        return (accepted + prior * self.prior_weight) / (visited + self.prior_weight)
+
+    def observe(self, key: Hashable, accepted: bool) -> None:
+        c = self._counts.setdefault(key, [0.0, 0.0])
+        c[0] = c[0] * self.decay + (1.0 if accepted else 0.0)
+        c[1] = c[1] * self.decay + 1.0
+
+    def table(self) -> dict[str, tuple[float, float]]:
+        """key -> (rate, effective observations), for reports."""
+        return {str(k): (c[0] / c[1] if c[1] else 0.0, c[1]) for k, c in self._counts.items()}
+
+
+class CostModel:
+    """Seconds to verify q rows at the current context, and the iteration's fixed overhead."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.seconds: list[float] = []
+        self.probed_context = 0
+        self.overhead = 0.0  # drafting + bookkeeping beyond the verification, EMA
+        self._seen_overhead = False
+
+    def needs_probe(self, context: int) -> bool:
+        return not self.rows or context >= REPROBE_GROWTH * max(1, self.probed_context)
+
+    def probe(self, verify: Callable[[int], None], context: int) -> None:
+        """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q (every
+        iteration corrects the curve afterwards)."""
+        times = []
+        for q in PROBE_ROWS:
+            t = time.perf_counter()
+            verify(q)
+            times.append(time.perf_counter() - t)
+        for i in range(1, len(times)):  # more rows never cost less: smooth out timing noise
+            times[i] = max(times[i], times[i - 1])
+        self.rows, self.seconds, self.probed_context = list(PROBE_ROWS), times, context
+
+    def cost(self, q: int) -> float:
+        """Interpolated seconds for q rows (linear beyond the last probe)."""
+        rows, sec = self.rows, self.seconds
+        if q <= rows[0]:
+            return sec[0]
+        for i in range(1, len(rows)):
+            if q <= rows[i]:
+                w = (q - rows[i - 1]) / (rows[i] - rows[i - 1])
+                return sec[i - 1] * (1 - w) + sec[i] * w
+        slope = (sec[-1] - sec[-2]) / (rows[-1] - rows[-2])
+        return sec[-1] + slope * (q - rows[-1])
+
+    def observe(self, q: int, verify_s: float, other_s: float, rate: float = 0.1) -> None:
+        """One iteration's measured verification time for q rows and its other time (drafting, bookkeeping)."""
+        predicted = self.cost(q)
+        if predicted > 0:
+            factor = 1.0 + rate * (verify_s / predicted - 1.0)
+            for i, r in enumerate(self.rows):  # correct the probe points around q
+                lo = self.rows[i - 1] if i > 0 else 0
+                hi = self.rows[i + 1] if i + 1 < len(self.rows) else 10**9
+                if lo < q < hi:
+                    self.seconds[i] *= factor
+        if not self._seen_overhead:
+            self.overhead, self._seen_overhead = other_s, True
+        else:
+            self.overhead += rate * (other_s - self.overhead)
+
+
+@dataclass
+class Plan:
+    """Which candidate nodes to verify, and why."""
+
+    keep: list[int]  # candidate node indices, parents before children
+    expected_tokens: float
+    expected_s: float
+    step_s: float  # one AR step's cost (the verification of one row) for the explanation
+    note: str = field(default="")
+
+
+def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: int = MAX_ROWS) -> Plan:
+    """reach[i]: probability that the walk accepts candidate node i (its path's product of rates);
+    node 0 is the root. Returns the prefix (by decreasing reach, shallower first on ties) that maximizes
+    expected tokens per second."""
+    order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
+    best_q, best_rate, expected = 0, 0.0, 1.0
+    tokens = 1.0
+    step = costs.cost(1)
+    best_tokens, best_s = 1.0, step + costs.overhead
+    for q in range(0, len(order) + 1):
+        if q > 0:
+            tokens += reach[order[q - 1]]
+        seconds = costs.cost(q + 1) + costs.overhead
+        rate = tokens / seconds
+        if rate > best_rate:
+            best_q, best_rate, best_tokens, best_s = q, rate, tokens, seconds
+    keep = order[:best_q]
+    note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / step:.2f} steps"
+    return Plan(keep, best_tokens, best_s, step, note)

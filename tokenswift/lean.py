@@ -1,0 +1,203 @@
+"""The lean decode step: the same function as the model's own forward, in far fewer torch ops.
+
+At load the weights of each decoder layer are laid out once for the fastest matmul measured on this
+machine: q/k/v fused into one matrix, gate/up fused into one, every matrix pre-transposed so that a row
+of activations times it is a plain `mm`, the norms' weights and the rotary tables precomputed. The hot
+loop calls no nn.Module: about 40 torch ops per layer instead of about 75.
+
+Why (measured on a 2-vCPU Xeon with AVX-512 and AMX, one thread, the default model): an AR step through
+the model's modules with bf16 weights took about 12 ms at 1.1K context, most of it in `F.linear` with
+bf16 weights at one row and in per-module overhead; the lean step takes about 9 ms.
+
+On CPU every matrix is float32, even for a bf16 checkpoint (an exact upcast of its weights). Measured
+here at one row, float32 was as fast as bf16 or faster for every matrix of the default model (qkv 43 vs
+64 us, o 26 vs 46, gate/up 139 vs 163, down 64 vs 86, LM head 487 vs 633, weights streamed from L3), and
+bf16 products round their *outputs* to 8 bits: a one-row and a 16-row product then differ by up to
+0.4%, enough to flip sampled tokens between AR and verification (seen: a sample 0.0016 from a CDF
+boundary). float32 keeps AR and TokenSwift the same function up to float32 rounding. Both AR and
+verification use this same step, so the race between them stays fair. On CUDA the model's dtype is kept.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import attend
+
+MAX_COPY_BYTES = 2 * 2**30  # lay out copies only for models whose copies fit in this (else: module path)
+ROPE_STATIC_TYPES = ("default", "linear", "llama3", "yarn")  # rotary tables independent of sequence length
+MATMUL_ENV = "TOKENSWIFT_LEAN_MATMUL"  # "mkl" (packed weights where available) or "mm"
+DTYPE_ENV = "TOKENSWIFT_LEAN_DTYPE"  # unset: float32 on CPU; "model": the checkpoint's dtype (experiments)
+
+
+_mkl_pack = getattr(torch.ops.mkl, "_mkl_reorder_linear_weight", None) if torch._C.has_mkl else None
+PACK_ROWS = 16  # the row count MKL's packed format is sized for (any count works)
+
+
+class Matrix:
+    """One weight matrix laid out for the fastest product with a few rows of activations.
+
+    float32 on CPU with MKL: MKL's packed format (packing the weight once, not on every call, is what
+    makes 8-32 rows cheap: measured 2x faster than a plain `mm` at 16 rows). Otherwise pre-transposed
+    (in, out) for `mm`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        """weight: (out, in) as nn.Linear stores it."""
+        self.bias = bias
+        self.dtype = dtype
+        self.out_features, self.in_features = weight.shape
+        self.packed = None
+        if _mkl_pack is not None and dtype == torch.float32 and weight.device.type == "cpu" and os.environ.get(MATMUL_ENV, "mkl") == "mkl":
+            self.weight = weight.to(dtype).contiguous()
+            self.packed = _mkl_pack(self.weight, PACK_ROWS)
+        else:
+            self.weight_t = weight.t().to(dtype).contiguous()  # (in, out)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (T, in) -> (T, out) in x's dtype."""
+        if self.packed is not None:
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, PACK_ROWS)
+        y = torch.mm(x if x.dtype == self.dtype else x.to(self.dtype), self.weight_t)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass
+class LeanLayer:
+    in_norm: torch.Tensor  # (H,)
+    qkv: Matrix  # H -> (Hq + 2 Hkv) d
+    o: Matrix  # Hq d -> H
+    post_norm: torch.Tensor
+    gate_up: Matrix  # H -> 2 I
+    down: Matrix  # I -> H
+    act: nn.Module
+
+
+def eligible(model: nn.Module) -> bool:
+    """The lean step needs every weight on one real device (no accelerate offload hooks) and copies that fit."""
+    if any(getattr(m, "_hf_hook", None) is not None for m in model.modules()):
+        return False
+    params = list(model.parameters())
+    devices = {p.device for p in params}
+    if len(devices) != 1 or next(iter(devices)).type == "meta":
+        return False
+    copy_bytes = sum(p.numel() for p in params) * 4
+    return copy_bytes <= MAX_COPY_BYTES
+
+
+class LeanModel:
+    """forward(ids, positions, cache, start, block_mask, capture_queries) with the adapter's contract."""
+
+    def __init__(self, model: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float,
+                 windows: list[int | None]) -> None:
+        inner = model.model
+        device = next(model.parameters()).device
+        self.device = device
+        self.model_dtype = inner.embed_tokens.weight.dtype
+        on_cpu = device.type == "cpu"
+        self.compute_dtype = torch.float32 if on_cpu else self.model_dtype
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scaling = num_heads, num_kv_heads, head_dim, scaling
+        self.windows = windows
+        self.eps = float(getattr(model.config, "rms_norm_eps", 1e-6))
+        self.dtypes: dict[str, str] = {}  # matrix name -> chosen dtype (for reports)
+        cd = self.compute_dtype
+        self.layers: list[LeanLayer] = []
+        for i, layer in enumerate(inner.layers):
+            a, m = layer.self_attn, layer.mlp
+            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+            qkv_b = None
+            if a.q_proj.bias is not None:
+                qkv_b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach().to(cd)
+            gu_w = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
+            self.layers.append(LeanLayer(
+                in_norm=layer.input_layernorm.weight.detach().to(cd),
+                qkv=self._matrix("qkv", qkv_w, qkv_b),
+                o=self._matrix("o", a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach().to(cd)),
+                post_norm=layer.post_attention_layernorm.weight.detach().to(cd),
+                gate_up=self._matrix("gate_up", gu_w, None),
+                down=self._matrix("down", m.down_proj.weight.detach(), None),
+                act=m.act_fn,
+            ))
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach().to(cd)
+        head = model.lm_head
+        # Logits stay float32 on CPU: bf16 logits tie too often for greedy decoding (resolution 1/16 near 10).
+        head_b = None if head.bias is None else head.bias.detach().float()
+        self.head = Matrix(head.weight.detach(), head_b, cd)
+        self.intermediate = self.layers[0].down.in_features
+        self.rotary = inner.rotary_emb
+        params = getattr(model.config, "rope_parameters", None) or {}
+        self.static_rope = params.get("rope_type", "default") in ROPE_STATIC_TYPES
+        self._cos = self._sin = None  # (n, d) tables, grown on demand
+
+    def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
+        dtype = self.compute_dtype
+        if self.device.type == "cpu" and os.environ.get(DTYPE_ENV) == "model":
+            dtype = self.model_dtype
+        self.dtypes[name] = str(dtype).replace("torch.", "")
+        return Matrix(weight, bias, dtype)
+
+    # ---- rotary ------------------------------------------------------------------------------------
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (T,) -> cos, sin (T, 1, d) in the compute dtype."""
+        if not self.static_rope:
+            x = torch.empty(1, dtype=self.compute_dtype, device=self.device)
+            cos, sin = self.rotary(x, positions[None])
+            return cos[0, :, None].to(self.compute_dtype), sin[0, :, None].to(self.compute_dtype)
+        need = int(positions.max()) + 1
+        if self._cos is None or self._cos.shape[0] < need:
+            size = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 4096)
+            x = torch.empty(1, dtype=torch.float32, device=self.device)
+            cos, sin = self.rotary(x, torch.arange(size, device=self.device)[None])
+            self._cos, self._sin = cos[0].to(self.compute_dtype), sin[0].to(self.compute_dtype)
+        return self._cos[positions][:, None], self._sin[positions][:, None]
+
+    # ---- the step ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, start: int,
+                block_mask: torch.Tensor | None = None, capture_queries: bool = False,
+                window_mask=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids, positions: (T,) int64 -> hidden (T, H) before the final norm, and per layer the rotated
+        queries (Hq, T, d) when `capture_queries`. window_mask(layer, positions) -> extra mask or None."""
+        dev = self.device
+        ids, pos = ids.to(dev), positions.to(dev)
+        if block_mask is not None:
+            block_mask = block_mask.to(dev)
+        t = ids.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h = self.embed[ids].to(self.compute_dtype)  # (T, H)
+        cos, sin = self.rope(pos)  # (T, 1, d)
+        half = d // 2
+        nqk = (hq + hkv) * d
+        queries: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (h.shape[-1],), layer.in_norm, self.eps)
+            qkv = layer.qkv(x)  # (T, (Hq + 2 Hkv) d)
+            qk = qkv[:, :nqk].view(t, hq + hkv, d)
+            rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
+            qk = qk * cos + rotated * sin  # (T, Hq + Hkv, d)
+            q = qk[:, :hq].transpose(0, 1)  # (Hq, T, d)
+            k = qk[:, hq:].transpose(0, 1)  # (Hkv, T, d)
+            v = qkv[:, nqk:].view(t, hkv, d).transpose(0, 1)
+            cache.write(i, start, k, v)
+            keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
+            extra = window_mask(i, pos) if window_mask is not None else None
+            o = attend(q.to(keys.dtype), keys, values, self.scaling, block_mask, extra)  # (Hq, T, d)
+            h = h + layer.o(o.transpose(0, 1).reshape(t, hq * d).to(h.dtype))
+            x = F.rms_norm(h, (h.shape[-1],), layer.post_norm, self.eps)
+            gate, up = layer.gate_up(x).split(self.intermediate, dim=-1)
+            h = h + layer.down(layer.act(gate) * up)
+            if capture_queries:
+                queries.append(q)
+        return h, queries
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (T, H) before the final norm -> logits (T, V) float32."""
+        x = F.rms_norm(hidden.to(self.compute_dtype), (hidden.shape[-1],), self.norm, self.eps)
+        return self.head(x).float()
