@@ -64,6 +64,7 @@ CONFIGS = {
     "reuse-full": dict(ngram_reuse=True, kv_mode="full"),
     "noreuse-dynamic-small-tree": dict(ngram_reuse=False, tree="1x2x2", kv_mode="dynamic", kv_budget=48, kv_sink=4),
     "fused-reuse": dict(draft="fused", ngram_reuse=True),
+    "auto": dict(tree="auto"),
 }
 
 
@@ -79,14 +80,17 @@ def test_tokenswift_equals_hf(family, config):
 PENALTY = dict(penalty=1.3, penalty_window=64)
 
 
-@pytest.mark.parametrize("reuse,kv_mode,draft", [(True, "dynamic", "paper"), (False, "full", "paper"),
-                                                (True, "once", "paper"), (True, "dynamic", "fused")])
+@pytest.mark.parametrize("reuse,kv_mode,draft,tree", [(True, "dynamic", "paper", "1x3x3x3"),
+                                                     (False, "full", "paper", "1x3x3x3"),
+                                                     (True, "once", "paper", "1x3x3x3"),
+                                                     (True, "dynamic", "fused", "1x3x3x3"),
+                                                     (True, "dynamic", "paper", "auto")])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tokenswift_equals_ar_with_penalty(family, reuse, kv_mode, draft):
+def test_tokenswift_equals_ar_with_penalty(family, reuse, kv_mode, draft, tree):
     model, gen, prompt, _ = setup(family)
     ar = gen.generate(prompt, ts.Settings(**PENALTY), NEW, method="ar").token_ids
     settings = ts.Settings(ngram_reuse=reuse, kv_mode=kv_mode, kv_budget=64, kv_sink=4, kv_recent=16, draft=draft,
-                           **PENALTY)
+                           tree=tree, **PENALTY)
     result = gen.generate(prompt, settings, NEW)
     assert_same_or_tie(model, prompt, ar, result.token_ids, f"{family} TokenSwift[penalty,{kv_mode},{draft}] vs AR", **{
         "penalty": PENALTY["penalty"], "window": PENALTY["penalty_window"]})
@@ -97,9 +101,10 @@ def test_ngram_only_generator_is_lossless():
     """No heads at all: drafts come only from reused n-grams keyed on the last token."""
     model, _, prompt, hf = setup("llama-gqa")
     gen = ts.Generator(model)
-    result = gen.generate(prompt, ts.Settings(), NEW)
-    assert_same_or_tie(model, prompt, hf, result.token_ids, "llama-gqa n-gram only vs HF")
-    assert result.stats["accepted_by_source"].get("ngram", 0) > 0
+    for tree in ("1x3x3x3", "auto"):
+        result = gen.generate(prompt, ts.Settings(tree=tree), NEW)
+        assert_same_or_tie(model, prompt, hf, result.token_ids, f"llama-gqa n-gram only ({tree}) vs HF")
+        assert result.stats["accepted_by_source"].get("ngram", 0) > 0
 
 
 def teardown_module(module):
@@ -108,12 +113,14 @@ def teardown_module(module):
         print("  ", line)
 
 
-@pytest.mark.parametrize("draft", ["paper", "fused"])
+@pytest.mark.parametrize("draft", ["paper", "fused", "auto"])
 def test_one_token_prompt_and_eos_stop(draft):
     """Edge cases: nothing to prefill; stop_at_eos truncates right after the end-of-sequence token."""
     model, gen, _, _ = setup("llama-gqa")
+    tree = "auto" if draft == "auto" else "1x3x3x3"
+    draft = "paper" if draft == "auto" else draft
     ar = gen.generate([7], ts.Settings(), 200, method="ar").token_ids
-    assert gen.generate([7], ts.Settings(draft=draft, kv_budget=32, kv_sink=4), 200).token_ids == ar
+    assert gen.generate([7], ts.Settings(draft=draft, tree=tree, kv_budget=32, kv_sink=4), 200).token_ids == ar
 
     class Tok:  # a minimal tokenizer stand-in: only the eos id matters here
         eos_token_id = ar[50]
@@ -123,7 +130,7 @@ def test_one_token_prompt_and_eos_stop(draft):
 
     gen.tokenizer = Tok()
     try:
-        out = gen.generate([7], ts.Settings(draft=draft, stop_at_eos=True), 200).token_ids
+        out = gen.generate([7], ts.Settings(draft=draft, tree=tree, stop_at_eos=True), 200).token_ids
     finally:
         gen.tokenizer = None
     assert out == ar[: ar.index(Tok.eos_token_id) + 1]

@@ -71,6 +71,18 @@ def test_sampled_tokenswift_matches_ar():
     assert p > 0.01
 
 
+def test_sampled_auto_tree_matches_ar():
+    """The cost-aware tree drafts from suffix matches, fused heads and 4-grams: still exactly AR's law."""
+    ar = ar_counts()
+    auto = joint_counts("tokenswift", range(2 * SAMPLES, 3 * SAMPLES), tree="auto")
+    stat, p, df = chi2_homogeneity(ar, auto)
+    print(f"\n[sampling] auto tree: chi2={stat:.1f} df={df} p={p:.3f}")
+    assert p > 0.01
+    drafted = sum(generator().generate(PROMPT, ts.Settings(**{**SETTINGS, "tree": "auto"}), 3, seed=seed)
+                  .stats["accepted_by_source"].get("head", 0) for seed in range(20))
+    assert drafted > 0, "auto never drafted here: the test would not exercise its verification"
+
+
 def test_same_test_detects_the_original_per_row_rule():
     ar = ar_counts()
     biased = joint_counts("tokenswift", range(SAMPLES, 2 * SAMPLES), acceptance="per_row_biased")
@@ -88,7 +100,8 @@ def test_same_seed_gives_the_same_tokens_as_ar():
     settings = ts.Settings(temperature=1.0, min_p=0.02, penalty=1.2, penalty_window=32, kv_budget=48, kv_sink=4)
     for seed in range(6):
         ar = gen.generate(prompt, settings, 200, method="ar", seed=seed).token_ids
-        draft = "fused" if seed % 2 else "paper"
-        fast = gen.generate(prompt, settings.with_changes(draft=draft), 200, method="tokenswift", seed=seed)
+        draft, tree = [("paper", "1x3x3x3"), ("fused", "1x3x3x3"), ("paper", "auto")][seed % 3]
+        fast = gen.generate(prompt, settings.with_changes(draft=draft, tree=tree), 200, method="tokenswift", seed=seed)
         assert fast.token_ids == ar, f"seed {seed}"
-        assert fast.stats["mean_accepted"] > 1.0
+        if tree != "auto":  # auto rightly drafts nothing for random heads on random text (drafts do not pay)
+            assert fast.stats["mean_accepted"] > 1.0

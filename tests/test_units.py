@@ -186,7 +186,8 @@ def test_position_runs():
     assert position_runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
 
 
-@pytest.mark.parametrize("s,t,g", [(40, 1, 3), (600, 8, 3), (700, 1, 4), (5000, 6, 3), (9000, 40, 2), (9000, 2, 3), (300, 300, 2)])
+@pytest.mark.parametrize("s,t,g", [(40, 1, 3), (600, 8, 3), (700, 1, 4), (5000, 6, 3), (5000, 1, 3), (9000, 40, 2),
+                                   (9000, 2, 3), (300, 300, 2)])
 def test_attention_paths_match_a_float64_reference(s, t, g):
     """Every CPU path of `attend` (plain, key-chunked, split prefix + block) against naive softmax attention."""
     from tokenswift.attention import attend

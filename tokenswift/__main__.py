@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling and drafting (defaults: greedy, paper's drafting settings)")
+    g = p.add_argument_group("sampling and drafting (defaults: greedy, cost-aware tree)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -18,7 +18,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--penalty-window", type=int, default=1024)
     g.add_argument("--no-ngram-reuse", action="store_true", help="turn token reuse off")
     g.add_argument("--ngram-topk", type=int, default=20)
-    g.add_argument("--tree", default="1x3x3x3", help="tree preset or widths like 1x3x3x3")
+    g.add_argument("--tree", default="auto", help="auto (cost-aware, default), a preset, or widths like 1x3x3x3")
     g.add_argument("--kv-mode", default="dynamic", choices=["full", "once", "dynamic"])
     g.add_argument("--kv-budget", type=int, default=4096)
     g.add_argument("--stop-at-eos", action="store_true")

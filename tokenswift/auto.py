@@ -26,7 +26,8 @@ from typing import Callable, Hashable
 
 PROBE_ROWS = (1, 4, 12, 32)  # rows timed by a probe; costs in between are interpolated
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
-REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe
+REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe ...
+REPROBE_MIN_TOKENS = 2048  # ... and by at least this many tokens (short contexts cost about the same)
 
 
 class AcceptanceStats:
@@ -61,7 +62,8 @@ class CostModel:
         self._seen_overhead = False
 
     def needs_probe(self, context: int) -> bool:
-        return not self.rows or context >= REPROBE_GROWTH * max(1, self.probed_context)
+        grown = max(REPROBE_GROWTH * self.probed_context, self.probed_context + REPROBE_MIN_TOKENS)
+        return not self.rows or context >= grown
 
     def probe(self, verify: Callable[[int], None], context: int) -> None:
         """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q (every

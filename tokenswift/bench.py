@@ -14,6 +14,11 @@
         AR and TokenSwift (paper sampling settings, seed 0) after a prompt of each length cut from --text:
         tokens/s over the methods' own compute, and per iteration the draft and verification times, the
         tree size and the accepted tokens. Where long-context verification on CPU spends its time.
+
+    python -m tokenswift.bench speed [--contexts 1024 16000] [--tokens 1000] [--repeats 3] [--auto-tree auto]
+        Our AR, TokenSwift (auto tree, paper tree) and HF generate (bf16, fp32, prompt lookup) on held-out corpus
+        prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
+        writes runs/bench-speed/{results.json,table.md,speed.png}. See tokenswift/bench_speed.py.
 """
 from __future__ import annotations
 
@@ -156,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--text", required=True, help="a plain-text file to cut the prompts from")
     c.add_argument("--contexts", type=int, nargs="+", default=[8000, 16000])
     c.add_argument("--tokens", type=int, default=120)
+    from . import bench_speed
+
+    bench_speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
     args = parser.parse_args(argv)
+    if args.command == "speed":
+        return bench_speed.run_cli(args)
     if args.command == "ar-vs-hf":
         print(json.dumps(ar_vs_hf(args.new, args.repeats, getattr(torch, args.dtype))))
     elif args.command == "memory":

@@ -28,16 +28,16 @@ def penalize_rows(logits: torch.Tensor, seen: torch.Tensor | None, theta: float)
 def seen_rows(history: torch.Tensor, n: int, window: int, extras: list[list[int]], vocab: int) -> torch.Tensor:
     """(N, V) bool: for each row, the tokens in the last `window` tokens of history[:n] followed by that
     row's `extras` (its drafted ancestors, the node itself included), exactly as AR would see them once
-    those tokens were committed: a row with a extra tokens sees history[max(0, n + a - window):n] + extras."""
+    those tokens were committed: a row with a extra tokens sees (history[:n] + extras)[-window:]."""
     base_start = max(0, n - window)
     counts = torch.bincount(history[base_start:n], minlength=vocab)[None].repeat(len(extras), 1)  # (N, V)
     rows, cols, vals = [], [], []
     for r, extra in enumerate(extras):
         a = len(extra)
-        drop_end = max(0, n + a - window)
+        drop_end = min(n, max(0, n + a - window))
         for tok in history[base_start:drop_end].tolist() if drop_end > base_start else ():
             rows.append(r), cols.append(tok), vals.append(-1)
-        for tok in extra:
+        for tok in extra[max(0, a - window) :]:
             rows.append(r), cols.append(tok), vals.append(1)
     if rows:
         counts.index_put_((torch.tensor(rows), torch.tensor(cols)), torch.tensor(vals, dtype=counts.dtype),
@@ -57,19 +57,27 @@ def truncation_mask_rows(probs: torch.Tensor, settings: Settings) -> torch.Tenso
     token of each row always survives."""
     removed = torch.zeros_like(probs, dtype=torch.bool)
     top = probs.argmax(dim=-1, keepdim=True)  # (N, 1)
+    fresh = True  # nothing removed yet: the survivors are `probs` itself (no renormalisation needed)
+
+    def survivors() -> torch.Tensor:
+        return probs if fresh else _renormalised(probs, removed)
+
     if settings.top_k > 0 and settings.top_k < probs.shape[-1]:
         kth = torch.topk(probs, settings.top_k, dim=-1).values[:, -1:]
         removed |= probs < kth
+        fresh = False
     if settings.top_p < 1.0:
-        p = _renormalised(probs, removed)
+        p = survivors()
         sorted_p, order = torch.sort(p, dim=-1, descending=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly before each token
         removed |= torch.zeros_like(removed).scatter(-1, order, before >= settings.top_p)
+        fresh = False
     if settings.min_p > 0.0:
-        p = _renormalised(probs, removed)
+        p = survivors()
         removed |= p < settings.min_p * p.amax(dim=-1, keepdim=True)
+        fresh = False
     if settings.eta > 0.0:
-        p = _renormalised(probs, removed)
+        p = survivors()
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(dim=-1, keepdim=True)
         threshold = torch.clamp(math.sqrt(settings.eta) * torch.exp(-entropy), max=settings.eta)
         removed |= p < threshold
@@ -99,6 +107,8 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
     cdf = torch.cumsum(probs.double(), dim=-1)  # (N, V)
     target = (uniforms.double() * cdf[:, -1])[:, None]
     index = torch.searchsorted(cdf, target, right=True).clamp_max_(probs.shape[-1] - 1)  # (N, 1)
+    if bool((probs.gather(-1, index) > 0).all()):
+        return index[:, 0].tolist()
     positions = torch.arange(probs.shape[-1]).expand_as(probs)
     last_kept = torch.where(probs > 0, positions, -1).cummax(dim=-1).values  # (N, V)
     return last_kept.gather(-1, index).clamp_min_(0)[:, 0].tolist()

@@ -61,7 +61,8 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["reuse_on"] = gr.Checkbox(label="Token reuse (4-gram table)", value=D["reuse_on"])
                     c["ngram_topk"] = gr.Slider(1, 40, value=D["ngram_topk"], step=1, label="Reused n-grams per candidate (top-k)")
                     c["tree"] = gr.Dropdown(TREE_CHOICES, value=D["tree"], label="Draft tree preset",
-                                            info="paper = 1x3x3x3 (40 nodes); smaller trees cost less on a CPU")
+                                            info="auto = the tree that pays on this machine (measured cost x measured acceptance); "
+                                                 "paper = 1x3x3x3 (40 nodes)")
                     c["kv_mode"] = gr.Radio(["dynamic", "once", "full"], value=D["kv_mode"], label="Partial KV cache for drafting",
                                             info="dynamic: re-select when the recent tail is full; once: select at prefill; full: no partial cache")
                     c["kv_budget"] = gr.Number(label="Partial KV budget (positions)", value=D["kv_budget"], precision=0)

@@ -1,0 +1,66 @@
+"""The speed benchmark's core on a tiny random Llama: structure of the results, no timing assertions."""
+import copy
+import json
+
+import torch
+
+import tokenswift as ts
+from tokenswift import bench_speed as bs
+
+from conftest import random_heads, tiny_model
+
+
+def test_speed_results_structure(tmp_path):
+    model = tiny_model("llama-gqa")
+    gen = ts.Generator(model, heads=random_heads(model))
+    hf = {"float32": bs.prepare_hf_model(model), "bfloat16": bs.prepare_hf_model(copy.deepcopy(model).to(torch.bfloat16))}
+    prompt = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(3)).tolist()
+    res = bs.run_speed(gen, hf, {48: prompt}, list(bs.ROWS), tokens=20, repeats=1, auto_tree="small",
+                       progress=False)
+
+    assert len(res["rows"]) == len(bs.ROWS)
+    for row in res["rows"]:
+        med = row["medians"]
+        for m in bs.OURS:
+            assert med[m]["tok_s"] > 0 and med[m]["wall_tok_s"] > 0 and med[m]["iterations"] >= 1
+        for m in bs.HF_RUNS:
+            assert med[m]["wall_tok_s"] > 0
+        assert row["hf_peer"]["method"] in bs.HF_RUNS
+        assert set(row["ratios"]) == set(bs.RATIO_KEYS)
+        for key in ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar", "tokenswift-paper/ours-ar"):
+            assert row["ratios"][key] > 0
+        assert med["tokenswift-auto"]["tree"] == "small" and med["tokenswift-paper"]["tree"] == "1x3x3x3"
+        if bs.ROWS[row["sampling"]].greedy:
+            assert med[bs.PLD]["wall_tok_s"] > 0 and row["ratios"]["tokenswift-auto/hf-prompt-lookup (wall)"] > 0
+            assert row["pld_dtype"] in hf
+        else:
+            assert "skipped" in med[bs.PLD]
+        for m in ("tokenswift-auto", "tokenswift-paper"):
+            # fp32 engine: lossless, so identical to AR (the flag is what the benchmark reports)
+            assert row["lossless"][m]["identical"] is True
+    runs = res["runs"]
+    assert len(runs) == sum(len(bs.methods_for(r, set(hf))) for r in bs.ROWS)
+    assert all(r["new_tokens"] == 20 for r in runs)
+    greedy = next(r for r in res["rows"] if r["sampling"] == "greedy")
+    assert greedy["hf_vs_ours_ar_ids"]["hf-fp32"]["identical"]  # HF fp32 greedy == our fp32 AR
+
+    # outputs: JSON round trip, markdown table with one line per row, a plotly figure
+    results = {"conditions": {"new_tokens": 20, "threads": 1, "model": "tiny"}, **res}
+    json.loads(json.dumps(results, default=str))
+    table = bs.markdown_table(results)
+    assert table.count("\n| 48 |") == len(bs.ROWS)
+    assert len(bs.speed_figure(results).data) == 4
+
+
+def test_divergence_report_gives_position_and_gap():
+    model = tiny_model("llama-gqa")
+    prompt = list(range(10, 40))
+    ar = [5, 6, 7, 8]
+    other = [5, 6, 9, 8]
+    assert bs.first_divergence(ar, other) == 2 and bs.first_divergence(ar, ar) is None
+    for row in ("greedy", "greedy+penalty"):
+        out = bs.lossless_check(prompt, [ar], [other], bs.ROWS[row], [model])
+        assert out["identical"] is False and out["first_diff"] == 2
+        assert out["gaps"][0]["gap"] >= 0 and isinstance(out["near_tie"], bool)
+    sampled = bs.lossless_check(prompt, [ar], [other], bs.ROWS["paper"], [model])
+    assert sampled["first_diff"] == 2 and "gaps" not in sampled

@@ -1,0 +1,96 @@
+"""Pure pieces of fast drafting: batched per-node penalty windows and decisions, the suffix index, the
+uniform stream, and the cost-aware planner."""
+import torch
+
+import tokenswift as ts
+from tokenswift.auto import AcceptanceStats, CostModel, choose
+from tokenswift.sampling import UniformStream, decide, decide_rows, seen_rows
+from tokenswift.suffix import SuffixIndex
+
+
+def window_of(history: list[int], extra: list[int], window: int) -> list[int]:
+    """The penalty window exactly as AR sees it after committing `extra` (the reference definition)."""
+    return (history + extra)[-window:]
+
+
+def test_seen_rows_equal_each_nodes_own_window():
+    gen = torch.Generator().manual_seed(0)
+    history = torch.randint(0, 12, (30,), generator=gen)
+    extras = [[], [3], [3, 11], [5, 5, 7], [1, 2, 3, 4, 5, 6]]
+    for window in (1, 4, 8, 29, 30, 40):
+        seen = seen_rows(history, 30, window, extras, 12)
+        for row, extra in enumerate(extras):
+            expected = torch.zeros(12, dtype=torch.bool)
+            expected[window_of(history.tolist(), extra, window)] = True
+            assert seen[row].tolist() == expected.tolist(), (window, extra)
+
+
+def test_batched_decisions_equal_single_row_decisions():
+    """Every row of one batched call gives the token and distribution of its own single-row call."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 50, generator=gen) * 3
+    history = torch.randint(0, 50, (20,), generator=gen)
+    extras = [[], [4], [4, 9], [7], [7, 7], [1, 2, 3]]
+    uniforms = torch.rand(6, generator=gen, dtype=torch.float64)
+    for settings in (ts.Settings(), ts.Settings(penalty=1.5, penalty_window=10),
+                     ts.Settings(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, eta=0.01, penalty=1.3,
+                                 penalty_window=10)):
+        tokens, probs = decide_rows(logits, seen_rows(history, 20, 10, extras, 50)
+                                    if settings.penalty != 1.0 else None, settings, uniforms)
+        for r, extra in enumerate(extras):
+            window = torch.tensor(window_of(history.tolist(), extra, 10))
+            token, dist = decide(logits[r], window, settings, float(uniforms[r]))
+            assert token == tokens[r]
+            assert torch.allclose(dist, probs[r])
+
+
+def test_uniform_stream_peek_does_not_consume():
+    a, b = UniformStream(3), UniformStream(3)
+    first = a.peek(5).clone()
+    assert torch.equal(a.peek(5), first)
+    a.take(2)
+    assert float(a.peek(1)[0]) == float(first[2])
+    assert [b.next() for _ in range(300)] == [UniformStream(3).peek(300)[i].item() for i in range(300)]
+
+
+def test_suffix_index_finds_the_longest_latest_match_and_loops():
+    index = SuffixIndex(max_match=4)
+    index.extend([1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3])
+    m, cont = index.lookup(3)
+    assert m == 3 and cont == [4, 5, 1]  # the latest earlier "1 2 3" is followed by 4 5 1
+    index.extend([7])
+    assert index.lookup(2) == (0, [])  # 7 never occurred before
+    loop = SuffixIndex()
+    loop.extend([8, 6, 6, 6])
+    assert loop.lookup(5) == (2, [6, 6, 6, 6, 6])  # a period-1 loop continues itself
+
+
+def test_acceptance_stats_move_from_prior_to_observed_rate():
+    stats = AcceptanceStats(decay=1.0, prior_weight=2.0)
+    assert stats.rate("k", 0.5) == 0.5
+    for _ in range(8):
+        stats.observe("k", True)
+    assert abs(stats.rate("k", 0.5) - 0.9) < 1e-9  # (8 + 1) / (8 + 2)
+
+
+def test_planner_keeps_drafts_only_while_they_pay():
+    costs = CostModel()
+    costs.rows, costs.seconds = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0]
+    depths = [0, 1, 2, 3, 1]
+    sure = choose([1.0, 0.95, 0.9, 0.85, 0.01], depths, costs)
+    assert sure.keep == [1, 2, 3] and sure.expected_tokens > 3.6  # the unlikely sibling is not worth its row
+    hopeless = choose([1.0, 0.01, 0.001], [0, 1, 2], costs)
+    assert hopeless.keep == [] and hopeless.expected_tokens == 1.0  # an AR-cost step
+    assert "0 nodes" in hopeless.note
+
+
+def test_cost_model_interpolates_and_follows_observations():
+    costs = CostModel()
+    costs.probe(lambda q: None, context=100)
+    assert costs.rows[0] == 1 and all(b >= a for a, b in zip(costs.seconds, costs.seconds[1:]))
+    costs.rows, costs.seconds = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0]
+    assert abs(costs.cost(8) - 1.65) < 1e-9 and costs.cost(64) > 4.0
+    for _ in range(100):
+        costs.observe(8, 3.3, 0.5)  # this machine turns out twice as slow around 8 rows
+    assert 3.0 < costs.cost(8) < 3.5 and abs(costs.overhead - 0.5) < 1e-6
+    assert costs.needs_probe(2148) and not costs.needs_probe(2000)

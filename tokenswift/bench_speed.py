@@ -1,0 +1,630 @@
+"""Speed benchmark: our AR, TokenSwift (auto tree and the paper's tree) and HF `generate` side by side.
+
+    python -m tokenswift.bench speed [--model assets/default-model] [--contexts 1024 16000] [--tokens 1000]
+        [--repeats 3] [--threads 1] [--auto-tree auto] [--rows greedy greedy+penalty paper]
+        [--out-dir runs/bench-speed]
+
+Rows are (context length x sampling setting); columns are methods, run alternately in one process with the
+order rotated every repeat:
+
+  ours-ar            gen.generate(ids, s, N, method="ar")
+  tokenswift-auto    method="tokenswift", s.with_changes(tree=--auto-tree)
+  tokenswift-paper   method="tokenswift", the paper's tree (1x3x3x3, ngram_topk=20, draft="paper")
+  hf-bf16, hf-fp32   HF `model.generate` on the same ids, the model loaded in bf16 and in fp32;
+                     the faster of the two (median wall tok/s) is "hf-peer"
+  hf-prompt-lookup   HF `generate(prompt_lookup_num_tokens=10, max_matching_ngram_size=3)`, greedy rows
+                     only, in the dtype of the faster HF run
+
+Our methods are timed twice: over the engine's own compute (Result.stats["tokens_per_s"], prefill
+excluded) and by wall clock around `generate` (prefill included). HF can only be timed by wall clock, so
+every ratio against HF uses wall time for both sides; ratios among our methods use compute time.
+
+Greedy rows also check losslessness: TokenSwift's token ids against AR's, and at the first differing
+position the top-2 logit gap (after the penalty) from one extra HF forward ("near-tie" below 0.05).
+Writes results.json, table.md and speed.png (plotly, screenshotted by Playwright + Debian's chromium).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .settings import PAPER_SAMPLING, Settings
+
+ROWS: dict[str, Settings] = {
+    "greedy": Settings(temperature=0.0, penalty=1.0),
+    "greedy+penalty": Settings(penalty=1.2, penalty_window=1024),
+    "paper": Settings(**PAPER_SAMPLING),
+}
+PAPER_TREE = dict(tree="1x3x3x3", ngram_topk=20, draft="paper")
+OURS = ("ours-ar", "tokenswift-auto", "tokenswift-paper")
+HF_RUNS = {"hf-bf16": "bfloat16", "hf-fp32": "float32"}
+PLD = "hf-prompt-lookup"
+METHODS = OURS + tuple(HF_RUNS) + (PLD,)
+HF_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+PLD_ARGS = dict(prompt_lookup_num_tokens=10, max_matching_ngram_size=3)
+NEAR_TIE = 0.05
+PENALTY_NOTE = ("HF's repetition_penalty covers the whole context (prompt + output); ours (CTRL penalty) covers "
+                "the last penalty_window=1024 tokens")
+PLD_SKIP = "skipped: sampled row (prompt lookup is compared on greedy rows only)"
+COLUMN_LABELS = {"ours-ar": "ours-ar", "tokenswift-auto": "tokenswift-auto", "tokenswift-paper": "tokenswift-paper",
+                 "hf-bf16": "hf-bf16", "hf-fp32": "hf-fp32", PLD: "hf-prompt-lookup"}
+RATIO_KEYS = ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar", "tokenswift-paper/ours-ar",
+              "tokenswift-auto/hf-prompt-lookup (wall)", "tokenswift-auto/ours-ar (wall)",
+              "tokenswift-paper/ours-ar (wall)")
+
+
+# ---- settings per cell ----------------------------------------------------------------------------------
+def method_settings(row: str, method: str, auto_tree: str) -> Settings:
+    """The Settings our engine runs for one (sampling row, method)."""
+    s = ROWS[row]
+    if method == "tokenswift-auto":
+        return s.with_changes(tree=auto_tree)
+    if method == "tokenswift-paper":
+        return s.with_changes(**PAPER_TREE)
+    return s
+
+
+def hf_kwargs(row: str) -> dict:
+    """HF `generate` arguments matching a sampling row (our top_k=0/top_p=1 spelled out: HF's default top_k
+    is 50)."""
+    if row == "greedy":
+        return dict(do_sample=False)
+    if row == "greedy+penalty":
+        return dict(do_sample=False, repetition_penalty=ROWS[row].penalty)
+    s = ROWS[row]
+    return dict(do_sample=True, temperature=s.temperature, min_p=s.min_p, top_k=0, top_p=1.0,
+                repetition_penalty=s.penalty)
+
+
+def methods_for(row: str, have_hf: set[str]) -> list[str]:
+    out = [m for m in OURS]
+    out += [m for m in HF_RUNS if HF_RUNS[m] in have_hf]
+    if have_hf and ROWS[row].greedy:
+        out.append(PLD)
+    return out
+
+
+# ---- prompts ----------------------------------------------------------------------------------------------
+def held_out_prompts(encode: Callable[[str], list[int]], contexts: list[int], corpus_dir: Path | None = None) -> dict[int, dict]:
+    """For each context length, the first `length` tokens of held-out text (the last 5% of each corpus file's
+    lines, `train.corpus.split_text`): Emma's held-out part when it is long enough, else the held-out parts
+    of several files concatenated (blank line between), Emma first, then the other Austen novels, then the
+    KJV, as many as the length needs."""
+    from .train.corpus import ALL_SOURCES, load_corpus, resolve_corpus_dir
+
+    corpus = load_corpus(resolve_corpus_dir(corpus_dir))
+    out: dict[int, dict] = {}
+    emma_ids = encode(corpus["emma"].val)
+    for length in sorted(set(contexts)):
+        if len(emma_ids) >= length:
+            out[length] = {"ids": emma_ids[:length], "files": ["emma"],
+                           "source": f"emma.txt held-out part (last 5% of lines, {len(emma_ids):,} tokens)"}
+            continue
+        used: list[str] = []
+        for name in ALL_SOURCES:
+            used.append(name)
+            ids = encode("\n\n".join(corpus[n].val for n in used))
+            if len(ids) >= length:
+                break
+        else:
+            raise ValueError(f"the corpus's held-out text has {len(ids):,} tokens, fewer than {length:,}")
+        out[length] = {"ids": ids[:length], "files": used,
+                       "source": (f"held-out parts (last 5% of lines) of {' + '.join(used)} concatenated "
+                                  f"(emma's alone has only {len(emma_ids):,} tokens)")}
+    return out
+
+
+# ---- one run ----------------------------------------------------------------------------------------------
+def prepare_hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """No end-of-sequence token: HF then neither stops nor suppresses EOS (min_new_tokens), like our engine
+    with stop_at_eos=False, so exactly max_new_tokens come out."""
+    cfg = model.generation_config
+    cfg.eos_token_id = cfg.pad_token_id = cfg.bos_token_id = None
+    return model.eval()
+
+
+def load_hf_models(path: str, dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> dict[str, torch.nn.Module]:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # "unexpected keys" for the medusa heads, generation flag notices
+    hf_logging.disable_progress_bar()  # "Loading weights" bars
+    models = {}
+    for name in dtypes:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=HF_DTYPES[name], trust_remote_code=False)
+        models[name] = prepare_hf_model(model)
+    return models
+
+
+def hf_generate(model: torch.nn.Module, ids: list[int], row: str, n: int, seed: int,
+                prompt_lookup: bool = False) -> tuple[list[int], float]:
+    """HF generate of exactly n new tokens; returns (new ids, wall seconds including prefill)."""
+    kwargs = hf_kwargs(row)
+    if prompt_lookup:
+        kwargs.update(PLD_ARGS)
+    torch.manual_seed(seed)
+    t = time.perf_counter()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = torch.tensor([ids])
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                             eos_token_id=None, pad_token_id=None, **kwargs)
+    wall = time.perf_counter() - t
+    new = out[0, len(ids):].tolist()
+    if len(new) != n:
+        raise RuntimeError(f"HF generate returned {len(new)} new tokens, not {n} (an EOS token is still set?)")
+    return new, wall
+
+
+def ours_generate(gen, ids: list[int], settings: Settings, n: int, method: str, seed: int) -> tuple[list[int], dict]:
+    t = time.perf_counter()
+    result = gen.generate(ids, settings, n, method=method, seed=seed)
+    wall = time.perf_counter() - t
+    st = result.stats
+    rec = {"tok_s": st["tokens_per_s"], "wall_s": wall, "wall_tok_s": len(result.token_ids) / wall,
+           "time_s": st["time_s"], "prefill_s": st["prefill_s"], "iterations": st["iterations"],
+           "mean_accepted": st["mean_accepted"], "mean_draft_nodes": st["mean_draft_nodes"],
+           "draft_s": st["draft_s"], "verify_s": st["verify_s"], "bookkeeping_s": st["bookkeeping_s"],
+           "accepted_by_source": st.get("accepted_by_source", {}),
+           "tree": settings.tree if method == "tokenswift" else None}
+    return result.token_ids, rec
+
+
+# ---- losslessness -----------------------------------------------------------------------------------------
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top2_gap(model: torch.nn.Module, prompt: list[int], ar_tokens: list[int], pos: int, settings: Settings) -> dict:
+    """Top-2 logit gap where AR chose ar_tokens[pos]: one forward of `model` over prompt + ar_tokens[:pos],
+    the CTRL penalty over the last penalty_window tokens applied when the row has one."""
+    from .sampling import apply_penalty
+
+    ids = list(prompt) + list(ar_tokens[:pos])
+    with torch.no_grad():
+        try:
+            logits = model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].float()
+        except TypeError:  # models without logits_to_keep
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+    if settings.penalty != 1.0:
+        logits = apply_penalty(logits, torch.tensor(ids[-settings.penalty_window:]), settings.penalty)
+    top = torch.topk(logits, 2)
+    return {"gap": round(float(top.values[0] - top.values[1]), 5), "top2": top.indices.tolist(),
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
+
+
+def lossless_check(prompt: list[int], ar: list[list[int]], other: list[list[int]], settings: Settings,
+                   gap_models: list[torch.nn.Module]) -> dict:
+    """Compare one method's ids with AR's, repeat by repeat; at the first divergence (greedy rows) the top-2
+    logit gap from each of gap_models."""
+    for r, (a, b) in enumerate(zip(ar, other)):
+        pos = first_divergence(a, b)
+        if pos is None:
+            continue
+        out = {"identical": False, "repeat": r, "first_diff": pos, "ar_token": a[pos] if pos < len(a) else None,
+               "token": b[pos] if pos < len(b) else None}
+        if settings.greedy and pos < len(a):
+            gaps = [top2_gap(m, prompt, a, pos, settings) for m in gap_models]
+            for g in gaps:
+                g["ar_token_is_top1"] = g["top2"][0] == a[pos]
+            out["gaps"] = gaps
+            out["near_tie"] = any(g["gap"] < NEAR_TIE for g in gaps)
+        return out
+    return {"identical": True, "repeats": len(other)}
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------------
+def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, list[int]], rows: list[str],
+              tokens: int, repeats: int, auto_tree: str = "auto", seed: int = 0, pld_dtype: str | None = None,
+              progress: bool = True, warmup: bool = True) -> dict:
+    """Run every (context, row) x method `repeats` times, methods alternating in a rotated order.
+
+    gen: a tokenswift.Generator; hf_models: {"bfloat16": model, "float32": model} (either may be absent;
+    empty: no HF columns); prompts: {context length: token ids}. pld_dtype: the HF dtype for prompt lookup
+    (None: per row, the faster of the HF runs of the first repeat, which run before it). Returns
+    {"runs": [raw run records], "rows": [per-row medians, ratios, lossless checks]}."""
+    from tqdm import tqdm
+
+    for row in rows:
+        if row not in ROWS:
+            raise ValueError(f"unknown sampling row {row!r}; choose from {', '.join(ROWS)}")
+        method_settings(row, "tokenswift-auto", auto_tree)  # a readable ValueError now, not mid-run
+    have_hf = set(hf_models)
+    if warmup:
+        _warmup(gen, hf_models, next(iter(prompts.values())), auto_tree, seed)
+    total = sum(len(methods_for(row, have_hf)) for row in rows) * repeats * len(prompts)
+    bar = tqdm(total=total, file=sys.stderr, disable=not progress, desc="speed", dynamic_ncols=True)
+    runs: list[dict] = []
+    out_rows: list[dict] = []
+    gap_models = [hf_models.get("float32", gen.model)]
+    engine_dtype = str(gen.adapter.dtype).replace("torch.", "")
+    if engine_dtype != "float32" and engine_dtype in hf_models:
+        gap_models.append(hf_models[engine_dtype])
+    try:
+        for context, ids in prompts.items():
+            for row in rows:
+                methods = methods_for(row, have_hf)
+                toks: dict[str, list[list[int]]] = {m: [] for m in methods}
+                cell_runs: list[dict] = []
+                row_pld = pld_dtype
+                for r in range(repeats):
+                    k = r % len(methods)
+                    order = methods[k:] + methods[:k]
+                    for slot, method in enumerate(order):
+                        bar.set_postfix_str(f"{context} {row} {method} #{r + 1}")
+                        rec = {"context": context, "sampling": row, "method": method, "repeat": r, "order": slot}
+                        if method in OURS:
+                            s = method_settings(row, method, auto_tree)
+                            engine = "ar" if method == "ours-ar" else "tokenswift"
+                            new, stats = ours_generate(gen, ids, s, tokens, engine, seed)
+                            rec.update(stats)
+                        else:
+                            if method == PLD:
+                                if row_pld is None:
+                                    row_pld = _faster_dtype(cell_runs) or next(iter(hf_models))
+                                dtype = row_pld
+                            else:
+                                dtype = HF_RUNS[method]
+                            new, wall = hf_generate(hf_models[dtype], ids, row, tokens, seed, prompt_lookup=method == PLD)
+                            rec.update({"dtype": dtype, "wall_s": wall, "wall_tok_s": len(new) / wall})
+                        rec["new_tokens"] = len(new)
+                        toks[method].append(new)
+                        cell_runs.append(rec)
+                        runs.append(rec)
+                        bar.update(1)
+                out_rows.append(_summarize_row(context, row, ids, methods, cell_runs, toks, row_pld, gap_models))
+    finally:
+        bar.close()
+    return {"runs": runs, "rows": out_rows}
+
+
+def _warmup(gen, hf_models: dict, ids: list[int], auto_tree: str, seed: int) -> None:
+    """One short untimed run of each method: first-call costs (allocator, lazy init) stay out of the runs."""
+    short = ids[: min(len(ids), 64)]
+    n = 8
+    for method in OURS:
+        gen.generate(short, method_settings("greedy", method, auto_tree), n,
+                     method="ar" if method == "ours-ar" else "tokenswift", seed=seed)
+    for model in hf_models.values():
+        hf_generate(model, short, "greedy", n, seed)
+        hf_generate(model, short, "greedy", n, seed, prompt_lookup=True)
+
+
+def _faster_dtype(cell_runs: list[dict]) -> str | None:
+    by_dtype: dict[str, list[float]] = {}
+    for rec in cell_runs:
+        if rec["method"] in HF_RUNS:
+            by_dtype.setdefault(rec["dtype"], []).append(rec["wall_tok_s"])
+    if not by_dtype:
+        return None
+    return max(by_dtype, key=lambda d: statistics.median(by_dtype[d]))
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or a != a or b != b:
+        return None
+    return a / b
+
+
+def _summarize_row(context: int, row: str, prompt: list[int], methods: list[str], cell_runs: list[dict],
+                   toks: dict[str, list[list[int]]], pld_dtype: str | None, gap_models: list) -> dict:
+    medians: dict[str, dict] = {}
+    for method in methods:
+        recs = [r for r in cell_runs if r["method"] == method]
+        m = {"wall_tok_s": _median([r["wall_tok_s"] for r in recs]), "wall_s": _median([r["wall_s"] for r in recs])}
+        if method in OURS:
+            for key in ("tok_s", "time_s", "prefill_s", "mean_accepted", "iterations", "mean_draft_nodes",
+                        "draft_s", "verify_s", "bookkeeping_s"):
+                m[key] = _median([r[key] for r in recs])
+            m["tree"] = recs[0]["tree"]
+        else:
+            m["dtype"] = recs[0]["dtype"]
+        medians[method] = m
+    if PLD not in methods and not ROWS[row].greedy:
+        medians[PLD] = {"skipped": PLD_SKIP}
+    hf = [m for m in HF_RUNS if m in medians]
+    peer = max(hf, key=lambda m: medians[m]["wall_tok_s"]) if hf else None
+    hf_peer = {"method": peer, "dtype": medians[peer]["dtype"], "wall_tok_s": medians[peer]["wall_tok_s"]} if peer else None
+
+    def get(method: str, key: str) -> float | None:
+        return medians.get(method, {}).get(key)
+
+    ratios = {
+        "ours-ar/hf-peer (wall)": _ratio(get("ours-ar", "wall_tok_s"), hf_peer["wall_tok_s"] if hf_peer else None),
+        "tokenswift-auto/ours-ar": _ratio(get("tokenswift-auto", "tok_s"), get("ours-ar", "tok_s")),
+        "tokenswift-paper/ours-ar": _ratio(get("tokenswift-paper", "tok_s"), get("ours-ar", "tok_s")),
+        "tokenswift-auto/hf-prompt-lookup (wall)": _ratio(get("tokenswift-auto", "wall_tok_s"), get(PLD, "wall_tok_s")),
+        "tokenswift-auto/ours-ar (wall)": _ratio(get("tokenswift-auto", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
+        "tokenswift-paper/ours-ar (wall)": _ratio(get("tokenswift-paper", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
+    }
+    settings = ROWS[row]
+    lossless = {m: lossless_check(prompt, toks["ours-ar"], toks[m], settings, gap_models)
+                for m in ("tokenswift-auto", "tokenswift-paper")}
+    lossless["ours-ar repeats identical"] = all(t == toks["ours-ar"][0] for t in toks["ours-ar"])
+    hf_same = {}
+    for m in hf + ([PLD] if PLD in methods else []):
+        if settings.greedy:  # informational: HF's penalty window differs, and bf16 kernels differ from ours
+            pos = first_divergence(toks["ours-ar"][0], toks[m][0])
+            hf_same[m] = {"identical": pos is None, "first_diff": pos}
+    notes = []
+    if settings.penalty != 1.0 and hf:
+        notes.append(PENALTY_NOTE)
+    if PLD in methods and hf_peer and pld_dtype != hf_peer["dtype"]:
+        notes.append(f"prompt lookup ran in {pld_dtype} (the faster HF dtype in the first repeat); by medians "
+                     f"{hf_peer['dtype']} was faster")
+    return {"context": context, "sampling": row, "medians": medians, "hf_peer": hf_peer, "pld_dtype": pld_dtype,
+            "ratios": ratios, "lossless": lossless, "hf_vs_ours_ar_ids": hf_same, "notes": notes}
+
+
+# ---- output -----------------------------------------------------------------------------------------------
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def _lossless_cell(row: dict) -> str:
+    parts = []
+    for m, short in (("tokenswift-auto", "auto"), ("tokenswift-paper", "paper")):
+        c = row["lossless"][m]
+        if c["identical"]:
+            parts.append(f"{short} =")
+        else:
+            tie = ""
+            if "gaps" in c:
+                gaps = ", ".join(f"{g['gap']:.3f} {g['dtype']}" for g in c["gaps"])
+                tie = f", {'near-tie' if c['near_tie'] else 'NOT a near-tie'}: gap {gaps}"
+            parts.append(f"{short} ≠ @{c['first_diff']}{tie}")
+    return "; ".join(parts)
+
+
+def markdown_table(results: dict) -> str:
+    head = ["context", "sampling", "ours-ar", "tokenswift-auto", "tokenswift-paper", "hf-bf16", "hf-fp32",
+            "hf-prompt-lookup", "ar / hf-peer (wall)", "auto / ar", "paper / ar", "auto / PLD (wall)",
+            "ids vs ours-ar"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 10 + ["---"]) + "|"]
+    for row in results["rows"]:
+        med = row["medians"]
+        cells = [f"{row['context']:,}", row["sampling"]]
+        for m in OURS:
+            x = med.get(m)
+            cell = f"{_fmt(x['tok_s'])} / {_fmt(x['wall_tok_s'])}" if x else "–"
+            if x and m != "ours-ar":
+                cell += f" ({x['mean_accepted']:.2f}/it)"
+            cells.append(cell)
+        for m in ("hf-bf16", "hf-fp32"):
+            x = med.get(m)
+            peer = row["hf_peer"] and row["hf_peer"]["method"] == m
+            cells.append(("**" + _fmt(x["wall_tok_s"]) + "**" if peer else _fmt(x["wall_tok_s"])) if x else "–")
+        x = med.get(PLD)
+        if x is None:
+            cells.append("–")
+        elif "skipped" in x:
+            cells.append("skipped (sampled)")
+        else:
+            cells.append(f"{_fmt(x['wall_tok_s'])} ({x['dtype'].replace('bfloat16', 'bf16').replace('float32', 'fp32')})")
+        r = row["ratios"]
+        cells += [_fmt(r[k], 2) for k in ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar",
+                                          "tokenswift-paper/ours-ar", "tokenswift-auto/hf-prompt-lookup (wall)")]
+        cells.append(_lossless_cell(row))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "tok/s, medians over repeats. Our methods: compute-only tok/s (engine's own compute, prefill excluded) / "
+        "wall tok/s (prefill included); TokenSwift adds tokens per iteration. HF columns: wall tok/s including "
+        "prefill (bold: hf-peer, the faster dtype). `ar / hf-peer` and `auto / PLD` compare wall times "
+        "(both sides include prefill); `auto / ar` and `paper / ar` compare compute-only tok/s.",
+        f"Penalty rows: {PENALTY_NOTE}. Ids: `=` identical to ours-ar in every repeat, `≠ @i` first differing "
+        f"position, with the top-2 logit gap of AR's logits there after the penalty (near-tie below {NEAR_TIE}).",
+    ]
+    return "\n".join(lines)
+
+
+def speed_figure(results: dict):
+    import plotly.graph_objects as go
+
+    labels = [f"{r['context']:,} · {r['sampling']}" for r in results["rows"]]
+    series = [("tokenswift-auto (compute)", "tokenswift-auto/ours-ar"),
+              ("tokenswift-paper (compute)", "tokenswift-paper/ours-ar"),
+              ("hf-peer (wall)", "ours-ar/hf-peer (wall)"),
+              ("hf-prompt-lookup (wall)", None)]
+    fig = go.Figure()
+    for name, key in series:
+        ys = []
+        for r in results["rows"]:
+            if key == "ours-ar/hf-peer (wall)":
+                v = r["ratios"][key]
+                ys.append(1 / v if v else None)
+            elif key is None:  # PLD vs ours-ar, wall
+                pld = r["medians"].get(PLD, {}).get("wall_tok_s")
+                ys.append(_ratio(pld, r["medians"]["ours-ar"]["wall_tok_s"]))
+            else:
+                ys.append(r["ratios"][key])
+        fig.add_bar(name=name, x=labels, y=ys, text=[_fmt(y, 2) if y is not None else "" for y in ys],
+                    textposition="outside")
+    c = results.get("conditions", {})
+    fig.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="ours-ar = 1")
+    fig.update_layout(
+        title=(f"Speed vs ours-ar ({c.get('new_tokens', '?')} new tokens, {c.get('threads', '?')} thread(s), "
+               f"{c.get('model', '')}): TokenSwift over compute-only time, HF over wall time incl. prefill"),
+        barmode="group", yaxis_title="speedup vs ours-ar (x)", xaxis_title="context tokens · sampling",
+        width=1200, height=600, template="plotly_white", legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def write_png(fig, out_dir: Path, chromium: str = "/usr/bin/chromium") -> str:
+    """speed.html (plotly, offline) and its screenshot speed.png. Returns a line saying what happened."""
+    html = out_dir / "speed.html"
+    fig.write_html(str(html), include_plotlyjs=True, full_html=True)
+    if not os.path.exists(chromium):
+        return (f"speed.png skipped: no Chromium at {chromium} (apt-get install -y chromium); "
+                f"the chart is in {html}")
+    try:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 700})
+                page.goto(html.resolve().as_uri())
+                page.wait_for_selector(".plotly-graph-div .main-svg", timeout=30_000)
+                page.locator(".plotly-graph-div").first.screenshot(path=str(out_dir / "speed.png"))
+            finally:
+                browser.close()
+    except Exception as e:  # noqa: BLE001 - a chart must not cost the numbers
+        return f"speed.png skipped: {type(e).__name__}: {e}; the chart is in {html}"
+    return f"wrote {out_dir / 'speed.png'}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
+    import transformers
+
+    params = sum(p.numel() for p in gen.model.parameters())
+    heads = sum(p.numel() for p in gen.heads.parameters()) if gen.heads is not None else 0
+    return {
+        "threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "cpu": cpu_model(), "cpus_online": os.cpu_count(),
+        "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
+        "engine_compute": _engine_compute(gen),
+        "prompts": {str(k): {"tokens": len(v["ids"]), "source": v["source"]} for k, v in prompts.items()},
+        "rows": {row: ROWS[row].to_dict() for row in args_like.get("rows", ROWS)},
+        "hf_kwargs": {row: hf_kwargs(row) for row in args_like.get("rows", ROWS)},
+        "paper_tree": PAPER_TREE, "prompt_lookup": PLD_ARGS, "penalty_note": PENALTY_NOTE,
+        "timing": ("ours: tok_s = Result.stats tokens_per_s (engine compute, prefill excluded), wall_tok_s = "
+                   "new tokens / wall time of generate (prefill included); HF: wall only"),
+        **args_like,
+    }
+
+
+def _engine_compute(gen) -> str:
+    lean = gen.adapter.lean
+    if lean is None:
+        return "through the model's own modules"
+    kinds = sorted(set(lean.dtypes.values()))
+    return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache"
+
+
+def print_conditions(c: dict) -> None:
+    print(f"threads: {c['threads']} torch thread(s) (OMP_NUM_THREADS={c['OMP_NUM_THREADS']}); "
+          f"CPU: {c['cpu']} ({c['cpus_online']} online)")
+    print(f"torch {c['torch']}, transformers {c['transformers']}, python {c['python']}")
+    print(f"model: {c['model']}: {c['model_params'] / 1e6:.1f}M params + heads {c['head_params'] / 1e6:.2f}M; "
+          f"checkpoint {c['engine_dtype']}, our engine computes {c['engine_compute']}; "
+          f"HF copies in {', '.join(c['hf_dtypes']) or 'none'}")
+    for k, v in c["prompts"].items():
+        print(f"prompt {int(k):,} tokens: {v['source']}")
+    print(f"new tokens: {c['new_tokens']}, repeats: {c['repeats']} (method order rotated per repeat), seed {c['seed']}")
+    print(f"tokenswift-auto tree: {c['auto_tree']!r}; tokenswift-paper: {PAPER_TREE}")
+    print(f"rows: {', '.join(c['rows'])}; note: {PENALTY_NOTE}")
+
+
+def headline(results: dict) -> list[str]:
+    out = []
+    for row in results["rows"]:
+        r = row["ratios"]
+        parts = [f"{k} {_fmt(r[k], 2)}x" for k in RATIO_KEYS[:4] if r[k] is not None]
+        out.append(f"{row['context']:,} {row['sampling']}: " + ", ".join(parts))
+        for note in row["notes"]:
+            if note != PENALTY_NOTE:
+                out.append(f"    note: {note}")
+    return out
+
+
+# ---- command line ----------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="assets/default-model")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16000], help="prompt lengths in tokens")
+    p.add_argument("--tokens", type=int, default=1000, help="new tokens per run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="sampling settings")
+    p.add_argument("--auto-tree", default="auto", help="tree of the tokenswift-auto column (default 'auto')")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="our engine's dtype (default: the checkpoint's)")
+    p.add_argument("--pld-dtype", default=None, choices=["bfloat16", "float32"],
+                   help="HF dtype for prompt lookup (default: the faster HF dtype of each row's first repeat)")
+    p.add_argument("--corpus", default=None, help="corpus directory (default ../shared/corpus)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="runs/bench-speed")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    from .generator import Generator
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        method_settings("greedy", "tokenswift-auto", args.auto_tree)
+    except ValueError as e:
+        print(f"--auto-tree {args.auto_tree!r} is not accepted by this engine ({e}); try e.g. --auto-tree small",
+              file=sys.stderr)
+        return 2
+    gen = Generator.from_pretrained(args.model, dtype=args.dtype)
+    hf_models = load_hf_models(args.model)
+    prompts = held_out_prompts(gen.encode, args.contexts, Path(args.corpus) if args.corpus else None)
+    prompts = {k: prompts[k] for k in args.contexts}
+    cond = conditions(gen, {"model": args.model, "new_tokens": args.tokens, "repeats": args.repeats,
+                            "auto_tree": args.auto_tree, "seed": args.seed, "rows": list(args.rows),
+                            "contexts": list(args.contexts), "hf_dtypes": list(hf_models),
+                            "pld_dtype": args.pld_dtype or "faster HF dtype of each row's first repeat"}, prompts)
+    print_conditions(cond)
+    sys.stdout.flush()
+    t = time.perf_counter()
+    results = run_speed(gen, hf_models, {k: v["ids"] for k, v in prompts.items()}, list(args.rows), args.tokens,
+                        args.repeats, args.auto_tree, args.seed, args.pld_dtype, progress=not args.no_progress)
+    cond["bench_wall_s"] = round(time.perf_counter() - t, 1)
+    results = {"benchmark": "speed", "conditions": cond, **results}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    table = markdown_table(results)
+    (out / "table.md").write_text(table + "\n")
+    png = write_png(speed_figure(results), out)
+    print()
+    print("\n".join(headline(results)))
+    print(f"wrote {out / 'results.json'}, {out / 'table.md'}; {png}")
+    print()
+    print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tokenswift.bench speed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
