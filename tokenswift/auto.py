@@ -12,6 +12,8 @@ context), so the tree must be sized by what the machine charges and what the dra
   chain position j; head level l with the head's own probability in a given bin; an n-gram of a given
   count share) the rate at which the target accepted it when its parent was reached, decayed so that it
   follows the text, starting from a prior.
+* **Calibration**: the planner picks the best-looking nodes, so their rates are optimistic; accepted over
+  expected drafted tokens, decayed, scales every expectation.
 * **The rule** (Sequoia's hardware-aware objective, EAGLE-2's confidence ranking): merge every proposal
   into one trie, give each node the probability that the walk reaches and accepts it (the product of
   conditional rates along its path), take nodes in decreasing probability (parents always first), and
@@ -116,18 +118,41 @@ class Plan:
     note: str = field(default="")
 
 
-def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: int = MAX_ROWS) -> Plan:
+class Calibration:
+    """Per-node rates are optimistic where the planner picks the best-looking nodes (and where merged
+    proposals take the larger rate): this tracks accepted drafted tokens over the expected ones, decayed,
+    and scales expectations by it."""
+
+    def __init__(self, decay: float = 0.95) -> None:
+        self.decay = decay
+        self.expected = self.actual = 0.0
+
+    @property
+    def factor(self) -> float:
+        if self.expected < 1.0:
+            return 1.0
+        return min(1.2, max(0.2, self.actual / self.expected))
+
+    def observe(self, expected_drafted: float, accepted_drafted: int) -> None:
+        if expected_drafted <= 0:
+            return
+        self.expected = self.expected * self.decay + expected_drafted
+        self.actual = self.actual * self.decay + accepted_drafted
+
+
+def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: int = MAX_ROWS,
+           calibration: float = 1.0) -> Plan:
     """reach[i]: probability that the walk accepts candidate node i (its path's product of rates);
     node 0 is the root. Returns the prefix (by decreasing reach, shallower first on ties) that maximizes
-    expected tokens per second."""
+    expected tokens per second, with expected drafted tokens scaled by `calibration`."""
     order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
-    best_q, best_rate, expected = 0, 0.0, 1.0
+    best_q, best_rate = 0, 0.0
     tokens = 1.0
     step = costs.cost(1)
     best_tokens, best_s = 1.0, step + costs.overhead
     for q in range(0, len(order) + 1):
         if q > 0:
-            tokens += reach[order[q - 1]]
+            tokens += calibration * reach[order[q - 1]]
         seconds = costs.cost(q + 1) + costs.overhead
         rate = tokens / seconds
         if rate > best_rate:

@@ -17,7 +17,7 @@ from .heads import Heads, read_head_tensors
 from .kv_cache import KVCache
 from .ngram import NGramTable
 from .partial_cache import PartialKVCache
-from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, CostModel, choose
+from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, Calibration, CostModel, choose
 from .sampling import UniformStream, decide, decide_rows, penalize_rows, seen_rows
 from .settings import Settings
 from .suffix import SuffixIndex
@@ -249,6 +249,8 @@ class _Run:
         self.suffix = SuffixIndex() if self.auto and settings.ngram_reuse else None
         self.stats = AcceptanceStats() if self.auto else None
         self.costs = CostModel() if self.auto else None
+        self.calibration = Calibration() if self.auto else None
+        self.expected_drafted = 0.0  # auto: the plan's expected accepted drafted tokens, this iteration
         self.head_idle = 0  # auto: consecutive plans that used no head node (heads are then consulted less often)
         self.head_next = 0  # auto: first iteration at which the heads are consulted again
         self.iteration = 0
@@ -375,7 +377,8 @@ class _Run:
         reaches depth d only after d tokens were produced, so that node's token is the (d+1)-th draw)."""
         u = None
         if not self.s.greedy:
-            u = self.uniforms.peek(max(depths) + 1)[torch.tensor(depths)]
+            ahead = self.uniforms.peek(max(depths) + 1)
+            u = ahead[:1] if len(depths) == 1 else ahead[torch.tensor(depths)]
         return decide_rows(logits, self.seen(extras), self.s, u)
 
     def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int]:
@@ -492,7 +495,8 @@ class _Run:
         reach = [1.0]
         for i in range(1, len(cand)):
             reach.append(reach[cand.parents[i]] * rates[i])
-        plan = choose(reach, cand.depths, self.costs)
+        plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor)
+        self.expected_drafted = sum(reach[i] for i in plan.keep)
         tree = DraftTree.with_root(last)
         node_of = {0: 0}
         kept_keys: list[list] = [[]]
@@ -514,11 +518,38 @@ class _Run:
         self.decide(self.a.logits(h), [[self.ids[-1]] * d for d in range(q)], list(range(q)))
 
     # ---- one iteration -------------------------------------------------------------------------------
+    def plain_step(self, timings: ev.Timings, note: str) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int, str]:
+        """auto, when no draft pays: exactly an AR step (the root's own token is the bonus), which also keeps
+        the heads' input (the fused hidden state) current."""
+        t = time.perf_counter()
+        last, pos = self.ids[-1], len(self.ids) - 1
+        h, _ = self.a.forward(torch.tensor([last]), torch.tensor([pos]), self.full, self.full.length)
+        logits = self.a.logits(h)
+        timings.verify_s = time.perf_counter() - t
+        t = time.perf_counter()
+        tokens, probs = self.decide(logits, [[]], [0])
+        if not self.s.greedy:
+            self.uniforms.take(1)
+        self.full.length += 1
+        self.commit(tokens)
+        if self.fused:
+            self.fused_hidden = h.to(self.a.head_device)
+        nodes = []
+        if self.detail:
+            nodes = [ev.TreeNode(last, -1, 0, "root", 1.0, True, None, tokens[0])]
+        timings.bookkeeping_s = time.perf_counter() - t
+        return [ev.AcceptedToken(tokens[0], ev.FROM_BONUS, 1)], nodes, 0, note
+
     def tokenswift_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int, str]:
         t = time.perf_counter()
         keys, note = None, ""
         if self.auto:
             tree, keys, note = self.draft_auto()
+            if len(tree) == 1:  # nothing worth verifying: an AR-cost step
+                draft_s = time.perf_counter() - t
+                out = self.plain_step(timings, note)
+                timings.draft_s = draft_s
+                return out
         else:
             tree = self.draft()
         self._sync()
@@ -528,7 +559,7 @@ class _Run:
         base = self.full.length  # slot of the root (the last accepted token)
         tokens = torch.tensor(tree.tokens)
         positions = base + torch.tensor(tree.depths)
-        mask = ancestor_mask(tree.parents)
+        mask = ancestor_mask(tree.parents) if len(tree) > 1 else None
         h, queries = self.a.forward(tokens, positions, self.full, base, mask, capture_queries=self.partial is not None)
         logits = self.a.logits(h)  # (N, V)
         timings.verify_s = time.perf_counter() - t
@@ -560,6 +591,7 @@ class _Run:
         if self.partial is not None:
             self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])
         if keys is not None:
+            self.calibration.observe(self.expected_drafted, len(path))
             on_path = set(path)
             for visited in [0] + path:
                 for child in tree.children[visited].values():

@@ -9,7 +9,8 @@ class NGramTable:
     """Counts every n-gram seen so far, keyed by its first token.
 
     `top(token, k)` returns the k most frequent continuations (n - 1 tokens each) of n-grams that start
-    with `token`; ties go to the continuation seen most recently.
+    with `token`; ties go to the continuation seen most recently. The ranking is kept until a new n-gram
+    starting with that token arrives, so repeated lookups cost a dict access.
     """
 
     def __init__(self, n: int = 4) -> None:
@@ -19,6 +20,7 @@ class NGramTable:
         self._counts: dict[int, dict[tuple[int, ...], int]] = defaultdict(dict)
         self._last_seen: dict[tuple[int, ...], int] = {}
         self._tokens: list[int] = []
+        self._top: dict[int, dict[int, list]] = {}  # token -> k -> ranked continuations, until its bucket changes
 
     def __len__(self) -> int:
         return len(self._last_seen)
@@ -33,11 +35,15 @@ class NGramTable:
             bucket = self._counts[gram[0]]
             bucket[gram[1:]] = bucket.get(gram[1:], 0) + 1
             self._last_seen[gram] = end
+            self._top.pop(gram[0], None)
 
     def top(self, token: int, k: int) -> list[tuple[tuple[int, ...], int]]:
         """Up to k (continuation, count) pairs for n-grams starting with `token`, most frequent first."""
         bucket = self._counts.get(token)
         if not bucket or k <= 0:
             return []
-        key = lambda item: (item[1], self._last_seen[(token, *item[0])])  # noqa: E731
-        return heapq.nlargest(k, bucket.items(), key=key)
+        ranked = self._top.setdefault(token, {})
+        if k not in ranked:
+            key = lambda item: (item[1], self._last_seen[(token, *item[0])])  # noqa: E731
+            ranked[k] = heapq.nlargest(k, bucket.items(), key=key)
+        return ranked[k]
