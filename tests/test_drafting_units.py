@@ -94,3 +94,14 @@ def test_cost_model_interpolates_and_follows_observations():
         costs.observe(8, 3.3, 0.5)  # this machine turns out twice as slow around 8 rows
     assert 3.0 < costs.cost(8) < 3.5 and abs(costs.overhead - 0.5) < 1e-6
     assert costs.needs_probe(2148) and not costs.needs_probe(2000)
+
+
+def test_ngram_rankings_are_cached_until_their_bucket_changes():
+    from tokenswift.ngram import NGramTable
+
+    table = NGramTable(3)
+    table.extend([1, 2, 3, 1, 2, 3])
+    first = table.top(1, 2)
+    assert first == [((2, 3), 2)] and table.top(1, 2) is first  # the cached ranking is reused
+    table.extend([1, 5, 6, 1, 5, 6, 1, 5, 6])  # (1, 5, 6) becomes the most frequent 3-gram starting with 1
+    assert table.top(1, 2) == [((5, 6), 3), ((2, 3), 2)]

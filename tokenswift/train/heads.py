@@ -45,6 +45,8 @@ class HeadsTrainSettings:
     distill: float = field(default=0.0, metadata={"help": "weight of the KL term to the base model's own distribution "
                                                            "at the target position (self-distillation); 0: labels only"})
     bf16: bool = field(default=True, metadata={"help": "bf16 autocast for the frozen base model"})
+    init_heads: str = field(default="", metadata={"help": "warm start: heads to start from (a safetensors file or a "
+                                                          "checkpoint directory with heads); empty: fresh identity heads"})
     seed: int = field(default=0, metadata={"help": "random seed"})
 
 
@@ -179,7 +181,13 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
         stride = len(val_windows) / s.val_windows
         val_windows = [val_windows[int(i * stride)] for i in range(s.val_windows)]
 
-    heads = Heads.init(model, s.num_heads).float().train()
+    if s.init_heads:
+        heads = Heads.load(model, s.init_heads).float().train()
+        if heads.num_heads != s.num_heads:
+            raise ValueError(f"--init-heads has {heads.num_heads} heads, --num-heads is {s.num_heads}")
+        print(f"warm start from the heads in {s.init_heads}")
+    else:
+        heads = Heads.init(model, s.num_heads).float().train()
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     ckpt = out / "heads_checkpoint.pt"
     step, elapsed_before = 0, 0.0

@@ -1,10 +1,16 @@
-"""Self-distillation data for the heads: text the model itself samples with the paper's settings.
+"""Self-distillation data for the heads: text the model itself produces (by default sampled with the paper's settings).
 
 Heads that learn the model's own continuations (rather than the corpus's) draft what the model will
 actually sample, which raises acceptance when sampling (Medusa-2's self-distillation idea). Prompts
 are random training-split windows (Austen-weighted); generation is batched HF `generate` on the CPU.
 
     python -m tokenswift.train.selfgen --model DIR --corpus ../shared/corpus --out runs/selfgen
+
+--mode picks what the heads will be verified against: "sample" (the paper's T=1, min-p 0.1, penalty 1.2),
+"greedy" (argmax, no penalty) or "greedy-penalty" (argmax with repetition penalty 1.2; HF applies it over
+the whole context rather than the engine's last-1024-token window, close enough for training data).
+--prompt-tokens-max > --prompt-tokens draws each batch's prompt length uniformly in that range.
+--save-ids also writes batchNNN.pt (prompt length and the full token rows) for exact evaluation.
 """
 from __future__ import annotations
 
@@ -16,6 +22,12 @@ from pathlib import Path
 import torch
 
 from .corpus import AUSTEN_SOURCES, load_corpus
+
+MODES = {
+    "sample": dict(do_sample=True, temperature=1.0, min_p=0.1, repetition_penalty=1.2),
+    "greedy": dict(do_sample=False),
+    "greedy-penalty": dict(do_sample=False, repetition_penalty=1.2),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=960)
     p.add_argument("--austen-weight", type=float, default=0.75)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=MODES, default="sample")
+    p.add_argument("--prompt-tokens-max", type=int, default=0, help="0: every prompt is --prompt-tokens long")
+    p.add_argument("--first-batch", type=int, default=0, help="number of the first batch file (to extend a run)")
+    p.add_argument("--save-ids", action="store_true", help="also save the token rows as batchNNN.pt")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -42,22 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     kjv = tok.encode(splits["kjv"].train, add_special_tokens=False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for b in tqdm(range(args.batches), desc="selfgen"):
+    gen_kwargs = dict(MODES[args.mode])
+    for b in tqdm(range(args.first_batch, args.first_batch + args.batches), desc=f"selfgen {args.mode}"):
         path = out / f"batch{b:03d}.txt"
-        if path.exists():
-            continue  # resume
+        # prompt choices are drawn even for finished batches, so a resumed run reproduces the same prompts
+        plen = args.prompt_tokens
+        if args.prompt_tokens_max > args.prompt_tokens:
+            plen = random.randint(args.prompt_tokens, args.prompt_tokens_max)
         prompts = []
         for _ in range(args.batch_size):
             src = austen if random.random() < args.austen_weight else kjv
-            start = random.randrange(0, len(src) - args.prompt_tokens)
-            prompts.append(src[start : start + args.prompt_tokens])
+            start = random.randrange(0, len(src) - plen)
+            prompts.append(src[start : start + plen])
+        if path.exists():
+            continue  # resume
         ids = torch.tensor(prompts)
         t = time.time()
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, min_p=0.1,
-                                 repetition_penalty=1.2, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), **gen_kwargs,
+                                 max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                  pad_token_id=tok.eos_token_id)
-        texts = [tok.decode(row[args.prompt_tokens:].tolist(), clean_up_tokenization_spaces=False) for row in gen]
+        if args.save_ids:
+            torch.save({"prompt_tokens": plen, "ids": gen.clone(), "mode": args.mode}, path.with_suffix(".pt"))
+        texts = [tok.decode(row[plen:].tolist(), clean_up_tokenization_spaces=False) for row in gen]
         tmp = path.with_suffix(".tmp")
         tmp.write_text("\n".join(t_.replace("<|endoftext|>", "") for t_ in texts) + "\n", encoding="utf-8")
         tmp.replace(path)
