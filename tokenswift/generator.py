@@ -15,6 +15,7 @@ from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
 from .heads import Heads, read_head_tensors
 from .kv_cache import KVCache
+from .lean import LeanHeads
 from .ngram import NGramTable
 from .partial_cache import PartialKVCache
 from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, Calibration, CostModel, choose
@@ -44,6 +45,7 @@ class Generator:
         self.tokenizer = tokenizer
         self.adapter = ModelAdapter(model)
         self._heads: Heads | None = None
+        self._lean_heads: LeanHeads | None = None
         if heads is not None:
             self.set_heads(heads)
 
@@ -94,6 +96,17 @@ class Generator:
                 raise ValueError(f"heads have hidden size {heads.hidden_size}, the model {self.adapter.hidden_size}")
             heads = heads.to(device=self.adapter.head_device, dtype=self.adapter.dtype).eval()
         self._heads = heads
+        lean = self.adapter.lean
+        self._lean_heads = LeanHeads(heads, lean.compute_dtype) if heads is not None and lean is not None else None
+
+    def run_heads(self, hidden: torch.Tensor, levels: int) -> torch.Tensor:
+        """hidden (T, H) before the final norm -> the first `levels` heads' LM-head logits, (levels, T, V)."""
+        if self._lean_heads is not None:
+            out = self._lean_heads(hidden, levels)
+        else:
+            out = self._heads(hidden.to(self.adapter.head_device).to(self.adapter.dtype))[:levels]
+        k, t, h = out.shape
+        return self.adapter.logits_from_normed(out.reshape(k * t, h)).reshape(k, t, -1)
 
     # ---- generation --------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -372,14 +385,14 @@ class _Run:
         if self.suffix is not None:
             self.suffix.extend(tokens)
 
-    def decide(self, logits: torch.Tensor, extras: list[list[int]], depths: list[int]) -> tuple[list[int], torch.Tensor]:
+    def decide(self, logits: torch.Tensor, extras: list[list[int]], depths: list[int]) -> tuple[list[int], torch.Tensor | None]:
         """Every row's target token at once (argmax, or a sample with the uniform of its depth: the walk
         reaches depth d only after d tokens were produced, so that node's token is the (d+1)-th draw)."""
         u = None
         if not self.s.greedy:
             ahead = self.uniforms.peek(max(depths) + 1)
             u = ahead[:1] if len(depths) == 1 else ahead[torch.tensor(depths)]
-        return decide_rows(logits, self.seen(extras), self.s, u)
+        return decide_rows(logits, self.seen(extras), self.s, u, want_probs=self.detail)
 
     def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int]:
         t = time.perf_counter()
@@ -404,22 +417,20 @@ class _Run:
         and extra head i depth i + 2. fused (after the first iteration): extra head i applied to the
         verification pass's hidden state at the last accepted node proposes depth i + 1."""
         if self.fused_hidden is not None:
-            head_hidden = self.gen.heads(self.fused_hidden.to(self.a.dtype))[:levels]  # (levels, 1, H)
-            return self.a.logits_from_normed(head_hidden[:, 0])
+            return self.gen.run_heads(self.fused_hidden, levels)[:, 0]  # (levels, V)
         cache = self.full if self.partial is None else self.partial
         start = self.full.length if self.partial is None else self.partial.count
         pos = torch.tensor([len(self.ids) - 1])
         h, _ = self.a.forward(torch.tensor([self.ids[-1]]), pos, cache, start)  # (1, H)
         rows = [self.a.logits(h)]
         if levels > 1:
-            head_hidden = self.gen.heads(h.to(self.a.head_device).to(self.a.dtype))[: levels - 1]  # (levels - 1, 1, H)
-            rows.append(self.a.logits_from_normed(head_hidden[:, 0]))
+            rows.append(self.gen.run_heads(h, levels - 1)[:, 0])  # (levels - 1, V)
         return torch.cat(rows)
 
     def head_candidates(self) -> tuple[list[list[int]], list[list[float]]]:
         """Ranked tokens and their draft probabilities per depth (the base window's penalty applied)."""
         logits = self.head_logits(len(self.widths)).float()  # (depths, V)
-        if self.s.penalty != 1.0:
+        if self.s.penalty != 1.0 and not self.auto:  # auto ranks by the raw heads (its rates are measured)
             seen = self.seen([[]]).expand(logits.shape[0], -1)
             logits = penalize_rows(logits, seen, self.s.penalty)
         top = torch.topk(torch.softmax(logits, dim=-1), max(self.widths), dim=-1)
@@ -616,9 +627,10 @@ class _Run:
         return accepted, nodes, len(tree) - 1, note
 
 
-AUTO_HEAD_TREE = "3x2x2"  # the head candidates auto may draw from (it keeps only those that pay)
-AUTO_NGRAMS = 4  # 4-gram continuations of the root offered to auto
-SUFFIX_DRAFT = 24  # longest suffix-match chain offered to auto
+AUTO_HEAD_TREE = "3x1x1"  # the head candidates auto may draw from (it keeps only those that pay; measured:
+#                           it rarely keeps more than 10 nodes, and every offered node costs Python time)
+AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
+SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
 
 
 def _chain_bucket(j: int) -> int:

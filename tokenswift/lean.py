@@ -203,3 +203,27 @@ class LeanModel:
         """hidden (T, H) before the final norm -> logits (T, V) float32."""
         x = F.rms_norm(hidden.to(self.compute_dtype), (hidden.shape[-1],), self.norm, self.eps)
         return self.head(x).float()
+
+
+class LeanHeads:
+    """The multi-token heads in the lean layout: float32 (on CPU) pre-laid-out matrices and norm weights,
+    no module calls (measured: 3 heads over one row took about 1.2 ms through their modules in bf16)."""
+
+    def __init__(self, heads: nn.Module, compute_dtype: torch.dtype) -> None:
+        self.blocks = []
+        for block in heads.layers:
+            eps = float(getattr(block.input_layernorm, "variance_epsilon", getattr(block.input_layernorm, "eps", 1e-6)))
+            self.blocks.append((block.input_layernorm.weight.detach().to(compute_dtype),
+                                Matrix(block.linear.weight.detach(), None, compute_dtype),
+                                block.post_layernorm.weight.detach().to(compute_dtype), eps))
+        self.compute_dtype = compute_dtype
+
+    @torch.inference_mode()
+    def __call__(self, h0: torch.Tensor, levels: int) -> torch.Tensor:
+        """h0: (T, H) -> the first `levels` heads' outputs after their post norms, (levels, T, H)."""
+        h = h0.to(self.compute_dtype)
+        outs = []
+        for in_norm, linear, post_norm, eps in self.blocks[:levels]:
+            h = h + linear(F.rms_norm(h, (h.shape[-1],), in_norm, eps))
+            outs.append(F.rms_norm(h, (h.shape[-1],), post_norm, eps))
+        return torch.stack(outs)

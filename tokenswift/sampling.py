@@ -87,15 +87,15 @@ def truncation_mask_rows(probs: torch.Tensor, settings: Settings) -> torch.Tenso
 
 # ---- the decision -------------------------------------------------------------------------------------
 def decide_rows(logits: torch.Tensor, seen: torch.Tensor | None, settings: Settings,
-                uniforms: torch.Tensor | None) -> tuple[list[int], torch.Tensor]:
+                uniforms: torch.Tensor | None, want_probs: bool = True) -> tuple[list[int], torch.Tensor | None]:
     """Choose one token per row: argmax when greedy, else inverse-CDF sampling with that row's uniform.
 
     logits: (N, V); seen: (N, V) bool or None; uniforms: (N,) float64 in [0, 1) (ignored when greedy).
     Returns the tokens and the (N, V) distributions they came from (greedy: the softmax after the
-    penalty, whose argmax was taken)."""
+    penalty, whose argmax was taken; None when greedy and not `want_probs`)."""
     x = penalize_rows(logits.float(), seen, settings.penalty)
     if settings.greedy:
-        return x.argmax(dim=-1).tolist(), torch.softmax(x, dim=-1)
+        return x.argmax(dim=-1).tolist(), torch.softmax(x, dim=-1) if want_probs else None
     probs = torch.softmax(x / settings.temperature, dim=-1)
     probs = _renormalised(probs, truncation_mask_rows(probs, settings))
     return sample_rows(probs, uniforms), probs
