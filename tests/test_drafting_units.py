@@ -86,10 +86,16 @@ def test_planner_keeps_drafts_only_while_they_pay():
 
 def test_cost_model_interpolates_and_follows_observations():
     costs = CostModel()
+    assert costs.needs_probe(100)
+    costs.observe(1, 2.0, 0.1)  # no probe yet: one measured step seeds a prior curve
+    assert costs.cost(1) == 2.0 and costs.cost(12) > costs.cost(4) > 2.0 and costs.needs_probe(100)
     costs.probe(lambda q: None, context=100)
     assert costs.rows[0] == 1 and all(b >= a for a, b in zip(costs.seconds, costs.seconds[1:]))
     costs.rows, costs.seconds = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0]
     assert abs(costs.cost(8) - 1.65) < 1e-9 and costs.cost(64) > 4.0
+    costs.observe(1, 0.5, 0.0, rate=1.0)  # a cheaper one-row step than probed: the yardstick follows it
+    assert costs.cost(1) == 0.5 and all(b >= a for a, b in zip(costs.seconds, costs.seconds[1:]))
+    costs.rows, costs.seconds, costs._seen_overhead = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0], False
     for _ in range(100):
         costs.observe(8, 3.3, 0.5)  # this machine turns out twice as slow around 8 rows
     assert 3.0 < costs.cost(8) < 3.5 and abs(costs.overhead - 0.5) < 1e-6

@@ -15,6 +15,10 @@
         tokens/s over the methods' own compute, and per iteration the draft and verification times, the
         tree size and the accepted tokens. Where long-context verification on CPU spends its time.
 
+    python -m tokenswift.bench suffix-bound [--penalty 1.2] [--context 1024] [--tokens 1000]
+        Tokens per iteration that suffix-match drafts alone could give, were every verified row free:
+        drafts of up to 1..16 tokens replayed over our own greedy output (an upper bound for that source).
+
     python -m tokenswift.bench speed [--contexts 1024 16000] [--tokens 1000] [--repeats 3] [--auto-tree auto]
         Our AR, TokenSwift (auto tree, paper tree) and HF generate (bf16, fp32, prompt lookup) on held-out corpus
         prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
@@ -144,6 +148,35 @@ def context(model: str, text_path: str, contexts: list[int], tokens: int) -> dic
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
+def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty: float) -> dict:
+    """Tokens per iteration that suffix-match drafts alone could give if every verified row were free:
+    replay drafts of up to L tokens over our own greedy AR output (accept the matching prefix, plus one)."""
+    from .generator import Generator
+    from .settings import Settings
+    from .suffix import SuffixIndex
+    from .train.corpus import split_text
+
+    gen = Generator.from_pretrained(model)
+    with open(text_path, encoding="utf-8") as f:
+        ids = gen.encode(split_text(f.read())[1])[:context]
+    out = gen.generate(ids, Settings(penalty=penalty), tokens, method="ar").token_ids
+    rows = {}
+    for limit in (1, 2, 4, 8, 16):
+        index, i, iterations = SuffixIndex(), 0, 0
+        index.extend(ids)
+        while i < len(out):
+            _, draft = index.lookup(limit)
+            hit = 0
+            while hit < len(draft) and i + hit < len(out) and draft[hit] == out[i + hit]:
+                hit += 1
+            made = min(hit + 1, len(out) - i)
+            index.extend(out[i : i + made])
+            i, iterations = i + made, iterations + 1
+        rows[limit] = round(len(out) / iterations, 2)
+    return {"benchmark": "suffix-bound", "model": model, "context": len(ids), "new_tokens": tokens, "penalty": penalty,
+            "tokens_per_iteration_by_draft_length": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswift.bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -161,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--text", required=True, help="a plain-text file to cut the prompts from")
     c.add_argument("--contexts", type=int, nargs="+", default=[8000, 16000])
     c.add_argument("--tokens", type=int, default=120)
+    b = sub.add_parser("suffix-bound", help="tokens/iteration suffix drafts alone could give, rows free (greedy)")
+    b.add_argument("--model", default="assets/default-model")
+    b.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
+    b.add_argument("--context", type=int, default=1024)
+    b.add_argument("--tokens", type=int, default=1000)
+    b.add_argument("--penalty", type=float, default=1.0)
     from . import bench_speed
 
     bench_speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
@@ -171,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(ar_vs_hf(args.new, args.repeats, getattr(torch, args.dtype))))
     elif args.command == "memory":
         print(json.dumps(memory(args.model, args.method, args.tokens, args.every)))
+    elif args.command == "suffix-bound":
+        print(json.dumps(suffix_bound(args.model, args.text, args.context, args.tokens, args.penalty)))
     elif args.command == "context":
         print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))
     return 0

@@ -268,6 +268,7 @@ class _Run:
         self.head_next = 0  # auto: first iteration at which the heads are consulted again
         self.iteration = 0
         self.probe_s = 0.0  # auto: time of this iteration's cost probe (not part of the usual overhead)
+        self.plain_decide_s = 0.0  # auto: the last AR-cost step's decision time
         self.partial: PartialKVCache | None = None
         self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
 
@@ -467,10 +468,8 @@ class _Run:
         each node rated by its kind's measured acceptance, then pruned to the best expected rate."""
         last = self.ids[-1]
         self.probe_s = 0.0
-        if self.costs.needs_probe(len(self.ids)):
-            t = time.perf_counter()
-            self.costs.probe(self.probe_rows, len(self.ids))
-            self.probe_s = time.perf_counter() - t
+        if not self.costs.rows:  # the first iteration: an AR-cost step, which also measures the one-row cost
+            return DraftTree.with_root(last), [[]], "0 nodes: measuring this machine's step"
         cand = DraftTree.with_root(last)
         rates, keys = [1.0], [[]]
 
@@ -507,6 +506,11 @@ class _Run:
         for i in range(1, len(cand)):
             reach.append(reach[cand.parents[i]] * rates[i])
         plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor)
+        if plan.keep and self.costs.needs_probe(len(self.ids)):  # drafting looks worth it: measure, then decide
+            t = time.perf_counter()
+            self.costs.probe(self.probe_rows, len(self.ids))
+            self.probe_s = time.perf_counter() - t
+            plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor)
         self.expected_drafted = sum(reach[i] for i in plan.keep)
         tree = DraftTree.with_root(last)
         node_of = {0: 0}
@@ -541,6 +545,7 @@ class _Run:
         tokens, probs = self.decide(logits, [[]], [0])
         if not self.s.greedy:
             self.uniforms.take(1)
+        self.plain_decide_s = time.perf_counter() - t
         self.full.length += 1
         self.commit(tokens)
         if self.fused:
@@ -560,6 +565,9 @@ class _Run:
                 draft_s = time.perf_counter() - t
                 out = self.plain_step(timings, note)
                 timings.draft_s = draft_s
+                # the one-row cost is every plan's yardstick: keep it measured too
+                self.costs.observe(1, timings.verify_s + self.plain_decide_s,
+                                   draft_s - self.probe_s + timings.bookkeeping_s - self.plain_decide_s)
                 return out
         else:
             tree = self.draft()
