@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from .tree import AUTO
+
 
 def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling and drafting (defaults: greedy, cost-aware tree)")
@@ -18,7 +20,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--penalty-window", type=int, default=1024)
     g.add_argument("--no-ngram-reuse", action="store_true", help="turn token reuse off")
     g.add_argument("--ngram-topk", type=int, default=20)
-    g.add_argument("--tree", default="auto", help="auto (cost-aware, default), a preset, or widths like 1x3x3x3")
+    g.add_argument("--tree", default=AUTO, help="auto (cost-aware, default), a preset, or widths like 1x3x3x3")
     g.add_argument("--kv-mode", default="dynamic", choices=["full", "once", "dynamic"])
     g.add_argument("--kv-budget", type=int, default=4096)
     g.add_argument("--stop-at-eos", action="store_true")

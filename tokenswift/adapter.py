@@ -75,7 +75,7 @@ class ModelAdapter:
         # device; accelerate-offloaded models go through their own modules. TOKENSWIFT_LEAN=0 turns it off.
         self.lean: LeanModel | None = None
         if os.environ.get("TOKENSWIFT_LEAN", "1") != "0" and eligible(model):
-            self.lean = LeanModel(model, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling, self.windows)
+            self.lean = LeanModel(model, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling)
 
     @property
     def num_layers(self) -> int:
@@ -163,12 +163,10 @@ class ModelAdapter:
         """hidden (T, H) before the final norm -> logits (T, V) in float32."""
         if self.lean is not None:
             return self.lean.logits(hidden)
-        weight = self._float_head_weight()
-        if weight is None:
-            x = self.inner.norm(hidden.to(self.norm_device))
-            return self.model.lm_head(x.to(self.head_device)).float()
-        x = self.inner.norm(hidden.to(self.norm_device).float())  # HF RMSNorms keep a float32 input in float32
-        return torch.nn.functional.linear(x.to(self.head_device), weight)
+        x = hidden.to(self.norm_device)
+        if self._float_head_weight() is not None:
+            x = x.float()  # HF RMSNorms keep a float32 input in float32
+        return self.logits_from_normed(self.inner.norm(x))
 
     @torch.inference_mode()
     def logits_from_normed(self, x: torch.Tensor) -> torch.Tensor:

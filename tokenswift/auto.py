@@ -50,10 +50,6 @@ class AcceptanceStats:
         c[0] = c[0] * self.decay + (1.0 if accepted else 0.0)
         c[1] = c[1] * self.decay + 1.0
 
-    def table(self) -> dict[str, tuple[float, float]]:
-        """key -> (rate, effective observations), for reports."""
-        return {str(k): (c[0] / c[1] if c[1] else 0.0, c[1]) for k, c in self._counts.items()}
-
 
 class CostModel:
     """Seconds to verify q rows at the current context, and the iteration's fixed overhead."""
@@ -132,8 +128,6 @@ class Plan:
 
     keep: list[int]  # candidate node indices, parents before children
     expected_tokens: float
-    expected_s: float
-    step_s: float  # one AR step's cost (the verification of one row) for the explanation
     note: str = field(default="")
 
 
@@ -165,10 +159,8 @@ def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: in
     node 0 is the root. Returns the prefix (by decreasing reach, shallower first on ties) that maximizes
     expected tokens per second, with expected drafted tokens scaled by `calibration`."""
     order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
-    best_q, best_rate = 0, 0.0
+    best_q, best_rate, best_tokens, best_s = 0, 0.0, 1.0, 0.0
     tokens = 1.0
-    step = costs.cost(1)
-    best_tokens, best_s = 1.0, step + costs.overhead
     for q in range(0, len(order) + 1):
         if q > 0:
             tokens += calibration * reach[order[q - 1]]
@@ -176,6 +168,5 @@ def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: in
         rate = tokens / seconds
         if rate > best_rate:
             best_q, best_rate, best_tokens, best_s = q, rate, tokens, seconds
-    keep = order[:best_q]
-    note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / step:.2f} steps"
-    return Plan(keep, best_tokens, best_s, step, note)
+    note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / costs.cost(1):.2f} steps"
+    return Plan(order[:best_q], best_tokens, note)

@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from .settings import PAPER_SAMPLING, Settings
+from .tree import AUTO
 
 ROWS: dict[str, Settings] = {
     "greedy": Settings(temperature=0.0, penalty=1.0),
@@ -228,7 +229,7 @@ def lossless_check(prompt: list[int], ar: list[list[int]], other: list[list[int]
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
 def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, list[int]], rows: list[str],
-              tokens: int, repeats: int, auto_tree: str = "auto", seed: int = 0, pld_dtype: str | None = None,
+              tokens: int, repeats: int, auto_tree: str = AUTO, seed: int = 0, pld_dtype: str | None = None,
               progress: bool = True, warmup: bool = True) -> dict:
     """Run every (context, row) x method `repeats` times, methods alternating in a rotated order.
 
@@ -565,7 +566,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=1000, help="new tokens per run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="sampling settings")
-    p.add_argument("--auto-tree", default="auto", help="tree of the tokenswift-auto column (default 'auto')")
+    p.add_argument("--auto-tree", default=AUTO, help="tree of the tokenswift-auto column (default 'auto')")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="our engine's dtype (default: the checkpoint's)")
     p.add_argument("--pld-dtype", default=None, choices=["bfloat16", "float32"],

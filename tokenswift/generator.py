@@ -13,13 +13,13 @@ from torch import nn
 from . import events as ev
 from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
+from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, Calibration, CostModel, choose
 from .heads import Heads, read_head_tensors
 from .kv_cache import KVCache
 from .lean import LeanHeads
 from .ngram import NGramTable
 from .partial_cache import PartialKVCache
-from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, Calibration, CostModel, choose
-from .sampling import UniformStream, decide, decide_rows, penalize_rows, seen_rows
+from .sampling import UniformStream, decide_rows, penalize_rows, seen_rows
 from .settings import Settings
 from .suffix import SuffixIndex
 from .tree import AUTO, SOURCE_HEAD, SOURCE_NGRAM, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
@@ -268,21 +268,10 @@ class _Run:
         self.head_next = 0  # auto: first iteration at which the heads are consulted again
         self.iteration = 0
         self.probe_s = 0.0  # auto: time of this iteration's cost probe (not part of the usual overhead)
-        self.plain_decide_s = 0.0  # auto: the last AR-cost step's decision time
         self.partial: PartialKVCache | None = None
         self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
 
     # ---- helpers ---------------------------------------------------------------------------------------
-    def window(self, extra: list[int]) -> torch.Tensor:
-        """The last `penalty_window` tokens of history + `extra` (a node's drafted ancestors)."""
-        if self.s.penalty == 1.0:
-            return self.seq[:0]
-        n, w = len(self.ids), self.s.penalty_window
-        if not extra:
-            return self.seq[max(0, n - w) : n]
-        tail = self.seq[max(0, n + len(extra) - w) : n]
-        return torch.cat([tail, torch.tensor(extra, dtype=torch.long)])[-w:]
-
     def seen(self, extras: list[list[int]]) -> torch.Tensor | None:
         """(N, V) penalty windows of N rows whose drafted ancestors are `extras` (None: no penalty)."""
         if self.s.penalty == 1.0:
@@ -395,12 +384,13 @@ class _Run:
             u = ahead[:1] if len(depths) == 1 else ahead[torch.tensor(depths)]
         return decide_rows(logits, self.seen(extras), self.s, u, want_probs=self.detail)
 
-    def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int]:
+    def one_row_step(self, timings: ev.Timings) -> tuple[torch.Tensor, int]:
+        """One token the AR way: forward of the last token, logits, decision (timed as verification), commit
+        (bookkeeping). Returns the hidden state (1, H) and the token."""
         t = time.perf_counter()
-        last, pos = self.ids[-1], len(self.ids) - 1
-        h, _ = self.a.forward(torch.tensor([last]), torch.tensor([pos]), self.full, self.full.length)
-        logits = self.a.logits(h)
-        tokens, _ = self.decide(logits, [[]], [0])
+        h, _ = self.a.forward(torch.tensor([self.ids[-1]]), torch.tensor([len(self.ids) - 1]), self.full,
+                              self.full.length)
+        tokens, _ = self.decide(self.a.logits(h), [[]], [0])
         if not self.s.greedy:
             self.uniforms.take(1)
         timings.verify_s = time.perf_counter() - t
@@ -408,7 +398,11 @@ class _Run:
         self.full.length += 1
         self.commit(tokens)
         timings.bookkeeping_s = time.perf_counter() - t
-        return [ev.AcceptedToken(tokens[0], ev.FROM_AR)], [], 0
+        return h, tokens[0]
+
+    def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int]:
+        _, token = self.one_row_step(timings)
+        return [ev.AcceptedToken(token, ev.FROM_AR)], [], 0
 
     # ---- drafting ------------------------------------------------------------------------------------
     def head_logits(self, levels: int) -> torch.Tensor:
@@ -489,7 +483,8 @@ class _Run:
             if cont:
                 kinds = [("suffix", min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
                 add(cont, SOURCE_NGRAM, [1.0] * len(cont), kinds, [0.6 if m >= 3 else 0.3] * len(cont))
-        if self.paths and self.fused_hidden is not None and self.iteration >= self.head_next:
+        consult_heads = bool(self.paths) and self.fused_hidden is not None and self.iteration >= self.head_next
+        if consult_heads:
             cands, cprobs = self.head_candidates()
             for tokens, p in build_head_paths(cands, cprobs, self.paths):
                 kinds = [("head", d + 1, _prob_bucket(q)) for d, q in enumerate(p)]
@@ -518,10 +513,10 @@ class _Run:
         for i in plan.keep:
             node_of[i] = tree.add_node(node_of[cand.parents[i]], cand.tokens[i], cand.sources[i], cand.draft_probs[i])
             kept_keys.append(keys[i])
-        used_heads = any(cand.sources[i] == SOURCE_HEAD for i in plan.keep)
-        if self.paths and self.fused_hidden is not None and self.iteration >= self.head_next:
-            self.head_idle = 0 if used_heads else self.head_idle + 1
-            self.head_next = self.iteration + 1 + (2 ** min(self.head_idle, 4) - 1 if self.head_idle else 0)
+        if consult_heads:  # heads no plan used are consulted after 2, 4, 8, then every 16 iterations
+            used = any(cand.sources[i] == SOURCE_HEAD for i in plan.keep)
+            self.head_idle = 0 if used else self.head_idle + 1
+            self.head_next = self.iteration + 2 ** min(self.head_idle, 4)
         return tree, kept_keys, plan.note
 
     def probe_rows(self, q: int) -> None:
@@ -536,25 +531,12 @@ class _Run:
     def plain_step(self, timings: ev.Timings, note: str) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int, str]:
         """auto, when no draft pays: exactly an AR step (the root's own token is the bonus), which also keeps
         the heads' input (the fused hidden state) current."""
-        t = time.perf_counter()
-        last, pos = self.ids[-1], len(self.ids) - 1
-        h, _ = self.a.forward(torch.tensor([last]), torch.tensor([pos]), self.full, self.full.length)
-        logits = self.a.logits(h)
-        timings.verify_s = time.perf_counter() - t
-        t = time.perf_counter()
-        tokens, probs = self.decide(logits, [[]], [0])
-        if not self.s.greedy:
-            self.uniforms.take(1)
-        self.plain_decide_s = time.perf_counter() - t
-        self.full.length += 1
-        self.commit(tokens)
+        root = self.ids[-1]
+        h, token = self.one_row_step(timings)
         if self.fused:
             self.fused_hidden = h.to(self.a.head_device)
-        nodes = []
-        if self.detail:
-            nodes = [ev.TreeNode(last, -1, 0, "root", 1.0, True, None, tokens[0])]
-        timings.bookkeeping_s = time.perf_counter() - t
-        return [ev.AcceptedToken(tokens[0], ev.FROM_BONUS, 1)], nodes, 0, note
+        nodes = [ev.TreeNode(root, -1, 0, "root", 1.0, True, None, token)] if self.detail else []
+        return [ev.AcceptedToken(token, ev.FROM_BONUS, 1)], nodes, 0, note
 
     def tokenswift_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int, str]:
         t = time.perf_counter()
@@ -566,8 +548,7 @@ class _Run:
                 out = self.plain_step(timings, note)
                 timings.draft_s = draft_s
                 # the one-row cost is every plan's yardstick: keep it measured too
-                self.costs.observe(1, timings.verify_s + self.plain_decide_s,
-                                   draft_s - self.probe_s + timings.bookkeeping_s - self.plain_decide_s)
+                self.costs.observe(1, timings.verify_s, draft_s - self.probe_s + timings.bookkeeping_s)
                 return out
         else:
             tree = self.draft()
@@ -595,8 +576,8 @@ class _Run:
             extras = tree.ancestor_tokens()
 
             def pick(node: int) -> int:
-                u = 0.0 if self.s.greedy else self.uniforms.next()
-                return decide(logits[node], self.window(extras[node]), self.s, u)[0]
+                u = None if self.s.greedy else torch.tensor([self.uniforms.next()], dtype=torch.float64)
+                return decide_rows(logits[node : node + 1], self.seen([extras[node]]), self.s, u, want_probs=False)[0][0]
 
             path, bonus = per_row_walk(tree, pick)
         decide_s = time.perf_counter() - t

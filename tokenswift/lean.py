@@ -95,8 +95,7 @@ def eligible(model: nn.Module) -> bool:
 class LeanModel:
     """forward(ids, positions, cache, start, block_mask, capture_queries) with the adapter's contract."""
 
-    def __init__(self, model: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float,
-                 windows: list[int | None]) -> None:
+    def __init__(self, model: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float) -> None:
         inner = model.model
         device = next(model.parameters()).device
         self.device = device
@@ -104,12 +103,11 @@ class LeanModel:
         on_cpu = device.type == "cpu"
         self.compute_dtype = torch.float32 if on_cpu else self.model_dtype
         self.num_heads, self.num_kv_heads, self.head_dim, self.scaling = num_heads, num_kv_heads, head_dim, scaling
-        self.windows = windows
         self.eps = float(getattr(model.config, "rms_norm_eps", 1e-6))
         self.dtypes: dict[str, str] = {}  # matrix name -> chosen dtype (for reports)
         cd = self.compute_dtype
         self.layers: list[LeanLayer] = []
-        for i, layer in enumerate(inner.layers):
+        for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
             qkv_b = None
@@ -201,8 +199,7 @@ class LeanModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, H) before the final norm -> logits (T, V) float32."""
-        x = F.rms_norm(hidden.to(self.compute_dtype), (hidden.shape[-1],), self.norm, self.eps)
-        return self.head(x).float()
+        return self.head(F.rms_norm(hidden.to(self.compute_dtype), (hidden.shape[-1],), self.norm, self.eps)).float()
 
 
 class LeanHeads:

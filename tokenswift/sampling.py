@@ -156,11 +156,6 @@ def decide(logits: torch.Tensor, window: torch.Tensor, settings: Settings, unifo
     return tokens[0], probs[0]
 
 
-def choose_token(logits: torch.Tensor, window: torch.Tensor, settings: Settings, uniform: float) -> int:
-    """Pick the next token: argmax when greedy, else inverse-CDF sampling with `uniform` in [0, 1)."""
-    return decide(logits, window, settings, uniform)[0]
-
-
 def sample_from(probs: torch.Tensor, uniform: float) -> int:
     """Inverse-CDF sample from (V,) probabilities; tokens with zero probability are never chosen."""
     return sample_rows(probs[None], torch.tensor([uniform], dtype=torch.float64))[0]

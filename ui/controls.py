@@ -4,12 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenswift import TREE_PRESETS, Settings
+from tokenswift.tree import AUTO
 
 MAX_NEW_TOKENS = 50_000
 
 # The controls' starting values (the layout and the measurement script both read these).
 UI_DEFAULTS = dict(max_new=500, greedy=False, temperature=1.0, top_p=1.0, min_p=0.1, seed=0, penalty_on=True,
-                   theta=1.2, window=1024, reuse_on=True, ngram_topk=20, tree="auto", kv_mode="dynamic",
+                   theta=1.2, window=1024, reuse_on=True, ngram_topk=20, tree=AUTO, kv_mode="dynamic",
                    kv_budget=1024, draft="paper")
 CONTROL_ORDER = ("max_new", "greedy", "temperature", "top_p", "min_p", "seed", "penalty_on", "theta", "window",
                  "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "draft")
@@ -70,7 +71,7 @@ def _whole(value, name: str) -> int:
     return int(number)
 
 
-TREE_CHOICES = ["auto", *TREE_PRESETS]
+TREE_CHOICES = [AUTO, *TREE_PRESETS]
 
 
 def default_controls(prompt: str, model: str, **changes) -> RunControls:

@@ -35,7 +35,8 @@ def summary(trace: RunTrace, greedy: bool) -> str:
         parts.append(f"**Speedup {trace.speedup:.2f}x** (TokenSwift tok/s ÷ AR tok/s)")
     ts_trace = trace.tokenswift
     if ts_trace.plan and ts_trace.iterations:
-        parts.append(f"tree auto: {ts_trace.draft_nodes / ts_trace.iterations:.1f} nodes per iteration on average; "
+        mean_nodes = sum(ts_trace.per_iteration_nodes) / ts_trace.iterations
+        parts.append(f"tree auto: {mean_nodes:.1f} nodes per iteration on average; "
                      f"latest {ts_trace.plan}")
     if greedy:
         n = min(trace.ar.generated, trace.tokenswift.generated)

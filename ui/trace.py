@@ -85,7 +85,6 @@ class MethodTrace:
     trees: deque = field(default_factory=lambda: deque(maxlen=TREES_KEPT))  # (iteration, [TreeNode], [accepted])
     done: bool = False
     plan: str = ""  # tree="auto": the latest iteration's chosen tree and why
-    draft_nodes: int = 0  # drafted nodes verified, all iterations together
     # compact per-iteration records for export (a few bytes per iteration)
     per_iteration_accepted: array = field(default_factory=lambda: array("H"))
     per_iteration_nodes: array = field(default_factory=lambda: array("H"))
@@ -118,7 +117,6 @@ class MethodTrace:
         self.accepted.append(step.index, n)
         self.per_iteration_accepted.append(min(n, 65535))
         self.per_iteration_nodes.append(min(step.draft_nodes, 65535))
-        self.draft_nodes += step.draft_nodes
         if step.plan:
             self.plan = step.plan
         t = step.timings
