@@ -3,7 +3,7 @@ uniform stream, and the cost-aware planner."""
 import torch
 
 import tokenswift as ts
-from tokenswift.auto import AcceptanceStats, CostModel, choose
+from tokenswift.auto import AcceptanceStats, Calibration, CostModel, choose
 from tokenswift.sampling import UniformStream, decide, decide_rows, seen_rows
 from tokenswift.suffix import SuffixIndex
 
@@ -111,3 +111,13 @@ def test_ngram_rankings_are_cached_until_their_bucket_changes():
     assert first == [((2, 3), 2)] and table.top(1, 2) is first  # the cached ranking is reused
     table.extend([1, 5, 6, 1, 5, 6, 1, 5, 6])  # (1, 5, 6) becomes the most frequent 3-gram starting with 1
     assert table.top(1, 2) == [((5, 6), 3), ((2, 3), 2)]
+
+
+def test_calibration_recovers_after_iterations_that_drafted_nothing():
+    calibration = Calibration()
+    for _ in range(5):
+        calibration.observe(2.0, 0)  # an unlucky start: nothing accepted
+    assert calibration.factor < 0.3
+    for _ in range(100):
+        calibration.observe(0.0, 0)  # plans that kept no node still let old evidence fade
+    assert calibration.factor > 0.9

@@ -134,21 +134,19 @@ class Plan:
 class Calibration:
     """Per-node rates are optimistic where the planner picks the best-looking nodes (and where merged
     proposals take the larger rate): this tracks accepted drafted tokens over the expected ones, decayed,
-    and scales expectations by it."""
+    and scales expectations by it. Every iteration decays the evidence, those that drafted nothing too, so
+    an unlucky start cannot shut drafting off for good (the factor returns to its prior of 1)."""
 
-    def __init__(self, decay: float = 0.95) -> None:
-        self.decay = decay
+    def __init__(self, decay: float = 0.95, prior_weight: float = 1.0) -> None:
+        self.decay, self.prior_weight = decay, prior_weight
         self.expected = self.actual = 0.0
 
     @property
     def factor(self) -> float:
-        if self.expected < 1.0:
-            return 1.0
-        return min(1.2, max(0.2, self.actual / self.expected))
+        w = self.prior_weight
+        return min(1.2, max(0.2, (self.actual + w) / (self.expected + w)))
 
     def observe(self, expected_drafted: float, accepted_drafted: int) -> None:
-        if expected_drafted <= 0:
-            return
         self.expected = self.expected * self.decay + expected_drafted
         self.actual = self.actual * self.decay + accepted_drafted
 

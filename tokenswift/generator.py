@@ -549,6 +549,7 @@ class _Run:
                 timings.draft_s = draft_s
                 # the one-row cost is every plan's yardstick: keep it measured too
                 self.costs.observe(1, timings.verify_s, draft_s - self.probe_s + timings.bookkeeping_s)
+                self.calibration.observe(0.0, 0)
                 return out
         else:
             tree = self.draft()
