@@ -1,6 +1,6 @@
 """TokenSwift Live: `python app.py` serves the app on the bundled default model (offline).
 
-Imports stay inside main(): the engine process (ui/engine_process.py) is started with "spawn", which
+Imports stay inside main(): the engine process (tokenswift/serve/engine_process.py) is started with "spawn", which
 imports this file again in the child, and the child needs none of the server's modules.
 """
 import os
@@ -11,10 +11,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
 def main() -> None:
-    from ui.engine_process import EngineProcess
+    from tokenswift.serve.engine_process import EngineProcess
     from ui.layout import CSS, JS, build_demo
     from ui.live import LiveApp
-    from ui.models import ModelCache
+    from tokenswift.serve.models import ModelCache
 
     # The server's threads hand the interpreter lock around quickly (step mode and /generate run torch here).
     sys.setswitchinterval(float(os.environ.get("TOKENSWIFT_SWITCH_INTERVAL", "0.0005")))

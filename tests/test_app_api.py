@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from app_server import DEFAULT_MODEL, AppServer
+from ui.app_server import DEFAULT_MODEL, AppServer
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built")
 

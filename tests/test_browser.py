@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app_server import DEFAULT_MODEL, ROOT, AppServer
+from ui.app_server import DEFAULT_MODEL, ROOT, AppServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"

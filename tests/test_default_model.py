@@ -5,7 +5,7 @@ import torch
 
 import tokenswift as ts
 
-from app_server import DEFAULT_MODEL
+from ui.app_server import DEFAULT_MODEL
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built")
 

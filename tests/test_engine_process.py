@@ -7,9 +7,9 @@ import time
 import pytest
 
 import tokenswift as ts
-from ui.engine_process import EngineProcess
-from ui.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
-from ui.runner import Finished, RunRequest
+from tokenswift.serve.engine_process import EngineProcess
+from tokenswift.serve.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
+from tokenswift.serve.runner import Finished, RunRequest
 
 PROMPT = list(range(40, 80))
 

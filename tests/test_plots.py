@@ -11,7 +11,7 @@ from tokenswift.events import AcceptedToken, CacheState, Step, Timings, TreeNode
 from ui.plots import (SOURCE_COLORS, accepted_figure, chunk_bounds, chunk_overlap_matrix, color_for, distinct_all,
                       distinct_n, draft_tree_figure, held_strip, kv_figure, repeated_spans, repetition_figure,
                       running_mean, token_label)
-from ui.trace import MethodTrace, RunTrace
+from tokenswift.serve.trace import MethodTrace, RunTrace
 
 BYTES_PER_POSITION = 4096
 SIZE_LIMIT = 60_000  # bytes of figure JSON

@@ -3,8 +3,8 @@ import threading
 import time
 
 import tokenswift as ts
-from ui.runner import Finished, Runner, RunRequest, interleave
-from ui.trace import RunTrace, Series
+from tokenswift.serve.runner import Finished, Runner, RunRequest, interleave
+from tokenswift.serve.trace import RunTrace, Series
 
 from conftest import random_heads, tiny_model
 
@@ -72,7 +72,7 @@ def test_series_memory_is_bounded_and_keeps_the_whole_range():
 
 
 def test_the_torch_thread_runs_every_job_on_one_thread_and_runs_stoppable_runners():
-    from ui.torch_thread import TorchThread
+    from tokenswift.serve.torch_thread import TorchThread
 
     worker = TorchThread(name="test-torch")
     idents = {worker.call(threading.get_ident) for _ in range(5)}

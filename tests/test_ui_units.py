@@ -5,11 +5,11 @@ import pytest
 
 import tokenswift as ts
 from ui.controls import UI_DEFAULTS, default_controls, parse_controls, CONTROL_ORDER
-from ui.export import load_trace_file, trace_to_json, write_trace_file
+from tokenswift.serve.export import load_trace_file, trace_to_json, write_trace_file
 from ui.render import step_explanation, summary
-from ui.runner import RunRequest, interleave
+from tokenswift.serve.runner import RunRequest, interleave
 from ui.text import segments
-from ui.trace import RunTrace
+from tokenswift.serve.trace import RunTrace
 
 from conftest import random_heads, tiny_model
 
@@ -92,7 +92,7 @@ def test_live_text_window_hides_old_tokens_with_a_note():
 
 def test_pane_stats_before_any_token():
     from ui.render import pane_stats
-    from ui.trace import MethodTrace
+    from tokenswift.serve.trace import MethodTrace
 
     assert pane_stats(MethodTrace("ar"), 500) == "**AR** · 0 / 500 tokens · no tokens yet"
 
@@ -101,7 +101,7 @@ def test_sessions_that_never_close_do_not_pile_up():
     from types import SimpleNamespace
 
     from ui.live import MAX_SESSIONS, LiveApp
-    from ui.models import ModelCache
+    from tokenswift.serve.models import ModelCache
 
     app = LiveApp(ModelCache({}))
     first = app.session(SimpleNamespace(session_hash="s0"))

@@ -14,7 +14,7 @@ from .controls import UI_DEFAULTS as D
 from .live import LiveApp
 from .render import SPEED_NOTE
 from .text import AR_COLORS, TS_COLORS
-from .torch_thread import TORCH
+from tokenswift.serve.torch_thread import TORCH
 
 INTRO = """# TokenSwift Live
 Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.org/abs/2502.18890)), running for

@@ -16,12 +16,12 @@ import gradio as gr
 
 from . import render
 from .controls import RunControls, parse_controls
-from .export import load_trace_file, write_trace_file
-from .models import ModelCache
-from .engine_process import EngineProcess
-from .runner import Finished, RunHandle, Runner, RunRequest
-from .torch_thread import TORCH
-from .trace import RunTrace
+from tokenswift.serve.export import load_trace_file, write_trace_file
+from tokenswift.serve.models import ModelCache
+from tokenswift.serve.engine_process import EngineProcess
+from tokenswift.serve.runner import Finished, RunHandle, Runner, RunRequest
+from tokenswift.serve.torch_thread import TORCH
+from tokenswift.serve.trace import RunTrace
 
 TEXT_PERIOD_S = 0.5  # text and stats refresh
 # plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it
@@ -43,7 +43,7 @@ class Session:
 
 
 class LiveApp:
-    """`engine`: the process that executes runs (see ui/engine_process.py); None runs them on this
+    """`engine`: the process that executes runs (see tokenswift/serve/engine_process.py); None runs them on this
     process's torch thread."""
 
     def __init__(self, models: ModelCache, engine: EngineProcess | None = None) -> None:

@@ -19,16 +19,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
-from app_server import AppServer  # noqa: E402
+from ui.app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
 from tokenswift.bench import child_pids, proportional_mb, resident_mb  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
-from ui.models import ModelCache  # noqa: E402
-from ui.runner import RunRequest, interleave  # noqa: E402
-from ui.torch_thread import TORCH  # noqa: E402
+from tokenswift.serve.models import ModelCache  # noqa: E402
+from tokenswift.serve.runner import RunRequest, interleave  # noqa: E402
+from tokenswift.serve.torch_thread import TORCH  # noqa: E402
 
 JS_HEAP = "() => performance.memory.usedJSHeapSize"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

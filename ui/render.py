@@ -7,7 +7,7 @@ from tokenswift.events import TreeNode
 
 from . import plots
 from .text import LIVE_WINDOW, repeat_labels, segments, source_labels
-from .trace import MethodTrace, RunTrace
+from tokenswift.serve.trace import MethodTrace, RunTrace
 
 Decode = Callable[[list[int]], str]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.trace import MethodTrace
+from tokenswift.serve.trace import MethodTrace
 
 from .style import SOURCE_COLORS, SOURCE_LABELS, base_layout, bucket, placeholder_figure, rounded
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.trace import MethodTrace
+from tokenswift.serve.trace import MethodTrace
 
 from .style import (CACHE_COLORS, SMOOTH_POINTS, add_note, base_layout, blend, bucket, placeholder_figure, rounded,
                     thin)

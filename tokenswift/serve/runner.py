@@ -82,7 +82,7 @@ class RunHandle:
 
 class Runner(RunHandle):
     """One run in this process: on its own daemon thread, or as a job of `executor` (the app's single
-    torch thread, see ui/torch_thread.py, when the engine process is turned off)."""
+    torch thread, see tokenswift/serve/torch_thread.py, when the engine process is turned off)."""
 
     def __init__(self, generator: Generator, request: RunRequest, max_queued: int = 0,
                  executor: Executor | None = None) -> None:

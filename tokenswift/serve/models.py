@@ -9,7 +9,7 @@ from tokenswift import Generator
 
 from .torch_thread import TORCH
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_NAME = "default: Austen & KJV, 16M (bundled)"
 DEFAULT_MODEL_DIR = ROOT / "assets" / "default-model"
 
