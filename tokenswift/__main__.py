@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from .kinds import Method
 from .tree import AUTO
 
 
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--method", choices=["ar", "tokenswift"], default="tokenswift")
+    p.add_argument("--method", choices=list(Method), default=Method.TOKENSWIFT)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (accelerate device_map)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")

@@ -8,17 +8,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Where an accepted token came from.
-FROM_HEAD = "head"  # a model draft (depth 1: base LM head of the draft pass; deeper: extra heads)
-FROM_NGRAM = "ngram"  # a reused n-gram branch
-FROM_BONUS = "bonus"  # the target's own sample at the end of the accepted path
-FROM_AR = "ar"  # plain autoregressive step
+from .kinds import Source
 
 
 @dataclass
 class AcceptedToken:
     token: int
-    source: str  # FROM_HEAD, FROM_NGRAM, FROM_BONUS or FROM_AR
+    source: Source  # HEAD, NGRAM, BONUS or AR
     depth: int = 0  # tree depth for drafted tokens (1 = first after the root)
 
 
@@ -27,7 +23,7 @@ class TreeNode:
     token: int
     parent: int  # -1 for the root
     depth: int
-    source: str  # "root", "head" or "ngram"
+    source: Source  # ROOT, HEAD or NGRAM
     draft_prob: float  # probability its proposer gave it (n-grams: share of the n-gram counts)
     accepted: bool = False
     target_prob: float | None = None  # probability under the target at its parent, when the parent was visited
@@ -63,7 +59,7 @@ class Timings:
 @dataclass
 class Step:
     index: int  # iteration number, from 0
-    method: str  # "ar" or "tokenswift"
+    method: str  # a Method
     tokens: list[AcceptedToken]
     cache: CacheState
     timings: Timings

@@ -22,9 +22,10 @@ from .partial_cache import PartialKVCache
 from .sampling import UniformStream, decide_rows, penalize_rows, seen_rows
 from .settings import Settings
 from .suffix import SuffixIndex
-from .tree import AUTO, SOURCE_HEAD, SOURCE_NGRAM, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
+from .kinds import Method, Source
+from .tree import AUTO, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
 
-METHODS = ("ar", "tokenswift")
+METHODS = tuple(Method)
 PREFILL_CHUNK = 256
 NGRAM_SIZE = 4
 
@@ -135,7 +136,7 @@ class Generator:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def stream(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
-               method: str = "tokenswift", seed: int = 0, stop: threading.Event | None = None,
+               method: str = Method.TOKENSWIFT, seed: int = 0, stop: threading.Event | None = None,
                detail: bool = True) -> Iterator[ev.Step]:
         """Generate, yielding one Step per iteration. Setting `stop` ends the run after the current
         iteration. Timings count only the engine's own compute, not the time the consumer holds a step.
@@ -152,7 +153,7 @@ class Generator:
         return run.steps(stop)
 
     def generate(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
-                 method: str = "tokenswift", seed: int = 0, stop: threading.Event | None = None) -> Result:
+                 method: str = Method.TOKENSWIFT, seed: int = 0, stop: threading.Event | None = None) -> Result:
         prompt_ids = self.encode(prompt)
         new: list[int] = []
         stats = _Stats()
@@ -235,8 +236,8 @@ class _Run:
         self.uniforms = UniformStream(seed)
         self.walk = exact_walk if settings.acceptance == "exact" else per_row_walk
         heads = gen.heads
-        self.auto = method == "tokenswift" and settings.tree == AUTO
-        self.paths = parse_tree(settings.tree) if method == "tokenswift" else []
+        self.auto = method == Method.TOKENSWIFT and settings.tree == AUTO
+        self.paths = parse_tree(settings.tree) if method == Method.TOKENSWIFT else []
         # auto always drafts fused (no draft forward: on a CPU it costs about an AR step, measured)
         self.fused = heads is not None and (settings.draft == "fused" or self.auto)
         if heads is None:
@@ -248,7 +249,7 @@ class _Run:
             self.paths = [p for p in self.paths if len(p) <= levels]
         self.fused_hidden: torch.Tensor | None = None  # (1, H) verification hidden state at the last accepted node
         self.widths = tree_widths(self.paths)
-        self.use_ngrams = method == "tokenswift" and settings.ngram_reuse and settings.ngram_topk > 0
+        self.use_ngrams = method == Method.TOKENSWIFT and settings.ngram_reuse and settings.ngram_topk > 0
         if self.auto:
             max_nodes = MAX_ROWS + max(PROBE_ROWS)
         else:
@@ -284,7 +285,7 @@ class _Run:
 
     def cache_state(self, with_positions: bool) -> ev.CacheState:
         f = self.full
-        if self.method == "ar" or not (self.paths or self.auto):
+        if self.method == Method.AR or not (self.paths or self.auto):
             mode = "none"
         else:
             mode = "fused" if self.fused else self.s.kv_mode
@@ -342,7 +343,7 @@ class _Run:
                 return
             timings = ev.Timings()
             note = ""
-            if self.method == "ar":
+            if self.method == Method.AR:
                 tokens, tree, nodes = self.ar_step(timings)
             else:
                 tokens, tree, nodes, note = self.tokenswift_step(timings)
@@ -402,7 +403,7 @@ class _Run:
 
     def ar_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int]:
         _, token = self.one_row_step(timings)
-        return [ev.AcceptedToken(token, ev.FROM_AR)], [], 0
+        return [ev.AcceptedToken(token, Source.AR)], [], 0
 
     # ---- drafting ------------------------------------------------------------------------------------
     def head_logits(self, levels: int) -> torch.Tensor:
@@ -441,7 +442,7 @@ class _Run:
         if self.paths:
             cands, cprobs = self.head_candidates()
             for tokens, p in build_head_paths(cands, cprobs, self.paths):
-                tree.add_path(tokens, SOURCE_HEAD, p)
+                tree.add_path(tokens, Source.HEAD, p)
             firsts = cands[0]
         if self.ngrams is not None:
             # n-grams starting with each depth-1 candidate (the paper), and, when the model proposes no
@@ -454,7 +455,7 @@ class _Run:
                 total = sum(c for _, c in found) or 1
                 for cont, count in found:
                     path = prefix + list(cont)
-                    tree.add_path(path, SOURCE_NGRAM, [count / total] * len(path))
+                    tree.add_path(path, Source.NGRAM, [count / total] * len(path))
         return tree
 
     def draft_auto(self) -> tuple[DraftTree, list[list], str]:
@@ -481,21 +482,21 @@ class _Run:
         if self.suffix is not None:
             m, cont = self.suffix.lookup(SUFFIX_DRAFT)
             if cont:
-                kinds = [("suffix", min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
-                add(cont, SOURCE_NGRAM, [1.0] * len(cont), kinds, [0.6 if m >= 3 else 0.3] * len(cont))
+                kinds = [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
+                add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [0.6 if m >= 3 else 0.3] * len(cont))
         consult_heads = bool(self.paths) and self.fused_hidden is not None and self.iteration >= self.head_next
         if consult_heads:
             cands, cprobs = self.head_candidates()
             for tokens, p in build_head_paths(cands, cprobs, self.paths):
-                kinds = [("head", d + 1, _prob_bucket(q)) for d, q in enumerate(p)]
-                add(tokens, SOURCE_HEAD, p, kinds, p)
+                kinds = [(Source.HEAD, d + 1, _prob_bucket(q)) for d, q in enumerate(p)]
+                add(tokens, Source.HEAD, p, kinds, p)
         if self.ngrams is not None:
             found = self.ngrams.top(last, AUTO_NGRAMS)
             total = sum(c for _, c in found) or 1
             for cont, count in found:
                 share = count / total
-                kinds = [("ngram", j + 1, _prob_bucket(share)) for j in range(len(cont))]
-                add(list(cont), SOURCE_NGRAM, [share] * len(cont), kinds, [0.3 * share] * len(cont))
+                kinds = [(Source.NGRAM, j + 1, _prob_bucket(share)) for j in range(len(cont))]
+                add(list(cont), Source.NGRAM, [share] * len(cont), kinds, [0.3 * share] * len(cont))
 
         reach = [1.0]
         for i in range(1, len(cand)):
@@ -514,7 +515,7 @@ class _Run:
             node_of[i] = tree.add_node(node_of[cand.parents[i]], cand.tokens[i], cand.sources[i], cand.draft_probs[i])
             kept_keys.append(keys[i])
         if consult_heads:  # heads no plan used are consulted after 2, 4, 8, then every 16 iterations
-            used = any(cand.sources[i] == SOURCE_HEAD for i in plan.keep)
+            used = any(cand.sources[i] == Source.HEAD for i in plan.keep)
             self.head_idle = 0 if used else self.head_idle + 1
             self.head_next = self.iteration + 2 ** min(self.head_idle, 4)
         return tree, kept_keys, plan.note
@@ -535,8 +536,8 @@ class _Run:
         h, token = self.one_row_step(timings)
         if self.fused:
             self.fused_hidden = h.to(self.a.head_device)
-        nodes = [ev.TreeNode(root, -1, 0, "root", 1.0, True, None, token)] if self.detail else []
-        return [ev.AcceptedToken(token, ev.FROM_BONUS, 1)], nodes, 0, note
+        nodes = [ev.TreeNode(root, -1, 0, Source.ROOT, 1.0, True, None, token)] if self.detail else []
+        return [ev.AcceptedToken(token, Source.BONUS, 1)], nodes, 0, note
 
     def tokenswift_step(self, timings: ev.Timings) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode], int, str]:
         t = time.perf_counter()
@@ -598,9 +599,9 @@ class _Run:
                 for child in tree.children[visited].values():
                     for kind in keys[child]:
                         self.stats.observe(kind, child in on_path)
-        accepted = [ev.AcceptedToken(tree.tokens[n], ev.FROM_NGRAM if tree.sources[n] == SOURCE_NGRAM else ev.FROM_HEAD,
+        accepted = [ev.AcceptedToken(tree.tokens[n], Source.NGRAM if tree.sources[n] == Source.NGRAM else Source.HEAD,
                                      tree.depths[n]) for n in path]
-        accepted.append(ev.AcceptedToken(bonus, ev.FROM_BONUS, len(path) + 1))
+        accepted.append(ev.AcceptedToken(bonus, Source.BONUS, len(path) + 1))
         nodes: list[ev.TreeNode] = []
         if self.detail:
             visited = set(path) | {0}

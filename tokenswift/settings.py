@@ -4,11 +4,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-KV_MODES = ("full", "once", "dynamic")
+from .kinds import AcceptanceRule, DraftMode, KVMode
+
+KV_MODES = tuple(KVMode)
 # The paper's sampling for long generation (Settings(**PAPER_SAMPLING)): used by the evaluation and benchmarks.
 PAPER_SAMPLING = dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
-DRAFT_MODES = ("paper", "fused")
-ACCEPTANCE_RULES = ("exact", "per_row_biased")
+DRAFT_MODES = tuple(DraftMode)
+ACCEPTANCE_RULES = tuple(AcceptanceRule)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kinds import Source
+
 TREE_PRESETS: dict[str, str] = {
     "paper": "1x3x3x3",  # the official default: 40 drafted nodes
     "wide": "2x3x2x2",
@@ -24,9 +26,6 @@ TREE_PRESETS: dict[str, str] = {
     "none": "",  # no model drafts: n-gram reuse only
 }
 
-SOURCE_ROOT = "root"
-SOURCE_HEAD = "head"  # depth 1 is the base LM head, depth d > 1 is extra head d - 2
-SOURCE_NGRAM = "ngram"
 
 
 AUTO = "auto"  # cost-aware drafting (tokenswift.auto): no fixed spec
@@ -75,7 +74,7 @@ class DraftTree:
 
     @classmethod
     def with_root(cls, token: int) -> "DraftTree":
-        return cls([token], [-1], [0], [SOURCE_ROOT], [1.0], [{}])
+        return cls([token], [-1], [0], [Source.ROOT], [1.0], [{}])
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -1,20 +1,17 @@
 """The Gradio Blocks layout: controls, the two panes, four plots, step view, export/replay, the API."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import gradio as gr
 
-from tokenswift import Settings
-
 from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
 from .controls import UI_DEFAULTS as D
+from .api import api_generate
 from .live import LiveApp
 from .render import SPEED_NOTE
 from .text import AR_COLORS, TS_COLORS
-from tokenswift.serve.torch_thread import TORCH
 
 INTRO = """# TokenSwift Live
 Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.org/abs/2502.18890)), running for
@@ -25,10 +22,7 @@ tokens the model itself would have produced."""
 # Run on page load (launch(js=...)): purge each plotly plot that Gradio drops, see the file.
 JS = (Path(__file__).with_name("plotly_purge.js")).read_text()
 
-CSS = """
-#ar-text, #ts-text {max-height: 420px; overflow-y: auto;}
-.pane-stats p {font-size: 0.9em;}
-"""
+CSS = (Path(__file__).with_name("style.css")).read_text()
 
 
 def build_demo(app: LiveApp) -> gr.Blocks:
@@ -125,7 +119,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
         c["tree_show"].click(app.pick_tree, c["tree_pick"], c["tree_plot"], api_visibility="private")
         demo.unload(app.close_session)
         _ = run_event
-        gr.api(_api_generate(app), api_name="generate", concurrency_limit=1, concurrency_id="engine")
+        gr.api(api_generate(app), api_name="generate", concurrency_limit=1, concurrency_id="engine")
     return demo
 
 
@@ -143,33 +137,3 @@ def _by_name(fn: Callable, components: dict, streaming: bool = False) -> Callabl
     def call(request: gr.Request, *args):
         return convert(fn(*args, request=request))
     return call
-
-
-def _api_generate(app: LiveApp) -> Callable:
-    def generate(prompt: str, max_new_tokens: int = 200, method: str = "tokenswift", settings_json: str = "{}",
-                 seed: int = 0, model: str = "") -> Iterator[str]:
-        """Stream a generation. `settings_json` holds tokenswift.Settings fields, e.g.
-        {"temperature": 1.0, "min_p": 0.1, "penalty": 1.2}. Yields JSON strings
-        {"text", "new_tokens", "done", "stats"}; the last one has done = true."""
-        try:
-            settings = Settings.from_dict(json.loads(settings_json or "{}"))
-        except (ValueError, TypeError) as exc:
-            raise gr.Error(f"invalid settings: {exc}") from None
-        if method not in ("ar", "tokenswift"):
-            raise gr.Error("method must be 'ar' or 'tokenswift'")
-        if not isinstance(max_new_tokens, (int, float)) or not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
-            raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}")
-        name = model or app.models.names()[0]
-        gen = app._generator(name)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise gr.Error("prompt must be a non-empty string")
-        ids: list[int] = []
-        iterations, compute = 0, 0.0
-        for step in TORCH.iterate(gen.stream(prompt, settings, int(max_new_tokens), method=method, seed=int(seed))):
-            ids.extend(step.token_ids)
-            iterations, compute = step.index + 1, step.elapsed_s
-            stats = {"method": method, "iterations": iterations, "new_tokens": len(ids),
-                     "mean_accepted": len(ids) / iterations, "compute_s": compute,
-                     "tokens_per_s": len(ids) / compute if compute else 0.0}
-            yield json.dumps({"text": gen.decode(ids), "new_tokens": len(ids), "done": step.done, "stats": stats})
-    return generate

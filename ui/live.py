@@ -126,38 +126,23 @@ class LiveApp:
                         trace.add(event)
                 now = time.monotonic()
                 if finished is not None:
-                    yield self._full_update(trace, decode, decode_one, session.greedy, _final_status(finished, trace))
+                    yield render.full_update(trace, decode, decode_one, session.greedy, _final_status(finished, trace))
                     return
                 # Pace the updates by their own cost, so that rendering never takes more than UI_SHARE of the
                 # time (with TOKENSWIFT_ENGINE_PROCESS=0 it shares the interpreter with the engine thread).
                 if now >= next_plot:
-                    update = self._full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
+                    update = render.full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
                     cost = time.monotonic() - now
                     next_plot = now + max(PLOT_PERIOD_S, cost / UI_SHARE)
                     next_text = now + max(TEXT_PERIOD_S, cost / UI_SHARE / 3)
                     yield update
                 elif now >= next_text:
-                    update = self._text_update(trace, decode, session.greedy, _running_status(trace))
+                    update = render.text_update(trace, decode, session.greedy, _running_status(trace))
                     next_text = now + max(TEXT_PERIOD_S, (time.monotonic() - now) / UI_SHARE)
                     yield update
                 time.sleep(POLL_S)
         finally:
             runner.stop()  # Stop button, closed tab or an error: the worker ends within one iteration
-
-    def _text_update(self, trace: RunTrace, decode, greedy: bool, status: str) -> dict:
-        return {
-            "ar_text": render.ar_segments(trace.ar, decode), "ts_text": render.ts_segments(trace.tokenswift, decode),
-            "ar_stats": render.pane_stats(trace.ar, trace.max_new_tokens),
-            "ts_stats": render.pane_stats(trace.tokenswift, trace.max_new_tokens),
-            "summary": render.summary(trace, greedy), "status": status,
-        }
-
-    def _full_update(self, trace: RunTrace, decode, decode_one, greedy: bool, status: str) -> dict:
-        out = self._text_update(trace, decode, greedy, status)
-        tree, accepted, kv, repetition = render.all_plots(trace, decode_one)
-        out.update(tree_plot=tree, accepted_plot=accepted, kv_plot=kv, repetition_plot=repetition,
-                   distinct=render.distinct_line(trace))
-        return out
 
     def stop(self, request: gr.Request = None) -> str:
         session = self.session(request)
@@ -190,14 +175,8 @@ class LiveApp:
                         "status": "Step mode: finished."}
             trace = session.trace
             trace.add(step)
-        decode_one = _one(gen)
-        caption, rows = render.step_explanation(trace.tokenswift, decode_one)
-        out = self._full_update(trace, gen.decode, decode_one, session.greedy,
-                                f"Step mode: iteration {step.index} done ({trace.tokenswift.generated:,} tokens).")
-        out.update(step_caption=caption, step_table=rows)
-        if trace.ar.generated == 0:
-            out["ar_stats"] = "**AR** · not run in step mode (Step runs one TokenSwift iteration; Run compares both)"
-        return out
+        return render.step_update(trace, gen.decode, _one(gen), session.greedy,
+                                  f"Step mode: iteration {step.index} done ({trace.tokenswift.generated:,} tokens).")
 
     # ---- export and replay ----------------------------------------------------------------------------------
     def export(self, request: gr.Request = None) -> str:
@@ -219,7 +198,7 @@ class LiveApp:
         greedy = float(trace.settings.get("temperature", 0.0)) == 0.0
         session = self.session(request)
         session.trace, session.model, session.greedy = trace, model if model in self.models.models else self.models.names()[0], greedy
-        return self._full_update(trace, gen.decode, _one(gen), greedy,
+        return render.full_update(trace, gen.decode, _one(gen), greedy,
                                  f"Replaying a saved run ({trace.tokenswift.generated:,} + {trace.ar.generated:,} tokens).")
 
     def pick_tree(self, iteration: float | None, request: gr.Request = None) -> Any:

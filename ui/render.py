@@ -131,3 +131,32 @@ def step_explanation(m: MethodTrace, decode_one: Callable[[int], str]) -> tuple[
                      None if n.target_prob is None else round(n.target_prob, 3),
                      None if n.target_sample is None else decode_one(n.target_sample), why])
     return "\n".join(lines), rows
+
+
+def text_update(trace: RunTrace, decode: Decode, greedy: bool, status: str) -> dict:
+    """The cheap part of a live update: both panes' text and stats, the summary and the status line."""
+    return {
+        "ar_text": ar_segments(trace.ar, decode), "ts_text": ts_segments(trace.tokenswift, decode),
+        "ar_stats": pane_stats(trace.ar, trace.max_new_tokens),
+        "ts_stats": pane_stats(trace.tokenswift, trace.max_new_tokens),
+        "summary": summary(trace, greedy), "status": status,
+    }
+
+
+def full_update(trace: RunTrace, decode: Decode, decode_one: Callable[[int], str], greedy: bool, status: str) -> dict:
+    """Everything the page shows for `trace`, keyed by output name (the layout maps names to components)."""
+    out = text_update(trace, decode, greedy, status)
+    tree, accepted, kv, repetition = all_plots(trace, decode_one)
+    out.update(tree_plot=tree, accepted_plot=accepted, kv_plot=kv, repetition_plot=repetition,
+               distinct=distinct_line(trace))
+    return out
+
+
+def step_update(trace: RunTrace, decode: Decode, decode_one: Callable[[int], str], greedy: bool, status: str) -> dict:
+    """After one classroom Step: the full update plus the step caption and the table of draft nodes."""
+    caption, rows = step_explanation(trace.tokenswift, decode_one)
+    out = full_update(trace, decode, decode_one, greedy, status)
+    out.update(step_caption=caption, step_table=rows)
+    if trace.ar.generated == 0:
+        out["ar_stats"] = "**AR** · not run in step mode (Step runs one TokenSwift iteration; Run compares both)"
+    return out

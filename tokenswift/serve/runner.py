@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from tokenswift import Generator, Settings, Step
+from tokenswift.kinds import Method
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class RunRequest:
     settings: Settings
     max_new_tokens: int
     seed: int = 0
-    methods: tuple[str, ...] = ("ar", "tokenswift")
+    methods: tuple[str, ...] = tuple(Method)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def interleave(gen: Generator, req: RunRequest, stop: threading.Event) -> Iterat
                for m in req.methods}
     produced = {m: 0 for m in req.methods}
     live = list(req.methods)
-    leader = "tokenswift" if "tokenswift" in live else live[0]
+    leader = Method.TOKENSWIFT if Method.TOKENSWIFT in live else live[0]
     while live and not stop.is_set():
         order = [leader] + [m for m in live if m != leader] if leader in live else list(live)
         target = None

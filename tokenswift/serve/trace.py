@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenswift.events import Step
+from tokenswift.kinds import DRAFTED, Method, Source
 
 SERIES_CAP = 2048
 TREES_KEPT = 32
@@ -147,9 +148,9 @@ class MethodTrace:
 
 def _main_source(step: Step) -> str:
     """The source that produced most of an iteration's drafted tokens (bonus-only: "bonus")."""
-    drafted = [t.source for t in step.tokens if t.source in ("head", "ngram")]
+    drafted = [t.source for t in step.tokens if t.source in DRAFTED]
     if not drafted:
-        return step.tokens[-1].source if step.tokens else "ar"
+        return step.tokens[-1].source if step.tokens else Source.AR
     return max(set(drafted), key=drafted.count)
 
 
@@ -160,11 +161,11 @@ class RunTrace:
     prompt_ids: list[int]
     settings: dict[str, Any]
     max_new_tokens: int
-    ar: MethodTrace = field(default_factory=lambda: MethodTrace("ar"))
-    tokenswift: MethodTrace = field(default_factory=lambda: MethodTrace("tokenswift"))
+    ar: MethodTrace = field(default_factory=lambda: MethodTrace(Method.AR))
+    tokenswift: MethodTrace = field(default_factory=lambda: MethodTrace(Method.TOKENSWIFT))
 
     def pane(self, method: str) -> MethodTrace:
-        return self.ar if method == "ar" else self.tokenswift
+        return self.ar if method == Method.AR else self.tokenswift
 
     def add(self, step: Step) -> None:
         self.pane(step.method).add(step)
