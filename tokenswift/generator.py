@@ -302,12 +302,15 @@ class _Run:
         return state
 
     # ---- prefill -------------------------------------------------------------------------------------
-    def prefill(self) -> list[torch.Tensor]:
+    def prefill(self, stop: threading.Event | None) -> list[torch.Tensor] | None:
         """Run every prompt token but the last through the full cache. Returns per layer the query of the
-        last prefilled token (Hq, d), for the partial cache's first selection."""
+        last prefilled token (Hq, d), for the partial cache's first selection; None when `stop` was set
+        (checked between chunks, so Stop also ends a long prefill)."""
         body = self.ids[:-1]
         queries: list[torch.Tensor] = []
         for start in range(0, len(body), PREFILL_CHUNK):
+            if stop is not None and stop.is_set():
+                return None
             chunk = body[start : start + PREFILL_CHUNK]
             t = len(chunk)
             causal = torch.ones(t, t, dtype=torch.bool).tril_()
@@ -325,7 +328,9 @@ class _Run:
     # ---- the loop ------------------------------------------------------------------------------------
     def steps(self, stop: threading.Event | None) -> Iterator[ev.Step]:
         t0 = time.perf_counter()
-        queries = self.prefill()
+        queries = self.prefill(stop)
+        if queries is None:
+            return
         if self.ngrams is not None:
             self.ngrams.extend(self.ids)
         if self.suffix is not None:
@@ -348,13 +353,18 @@ class _Run:
             else:
                 tokens, tree, nodes, note = self.tokenswift_step(timings)
             t_book = time.perf_counter()
-            tokens = tokens[: self.max_new - generated]
+            produced = len(tokens)
+            tokens = tokens[: self.max_new - generated]  # the last iteration keeps only what max_new allows
             done = False
             if self.s.stop_at_eos and self.eos is not None:
                 for i, tok in enumerate(tokens):
                     if tok.token == self.eos:
                         tokens, done = tokens[: i + 1], True
                         break
+            if len(tokens) < produced:  # drafted nodes past the cut are not part of the output (nor is the bonus)
+                for node in tree:
+                    if node.depth > len(tokens):
+                        node.accepted = False
             generated += len(tokens)
             done = done or generated >= self.max_new
             cache = self.cache_state(with_positions=index == 0)
