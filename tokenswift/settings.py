@@ -1,10 +1,11 @@
 """Generation settings: one typed dataclass, validated once at the boundary."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .kinds import AcceptanceRule, DraftMode, KVMode
+from .validate import check_settings_values, validate_settings
 
 KV_MODES = tuple(KVMode)
 # The paper's sampling for long generation (Settings(**PAPER_SAMPLING)): used by the evaluation and benchmarks.
@@ -13,83 +14,51 @@ DRAFT_MODES = tuple(DraftMode)
 ACCEPTANCE_RULES = tuple(AcceptanceRule)
 
 
+def _opt(default: Any, help: str) -> Any:
+    """A field with its description (the command line's help for its flag)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Everything that shapes one generation.
+    """Everything that shapes one generation; each field's description is in its metadata["help"].
 
-    Sampling (shared by AR and TokenSwift, applied in this order):
-      penalty      contextual (CTRL-style) repetition penalty theta; 1.0 turns it off. Positive logits of
-                   tokens seen in the last `penalty_window` tokens are divided by theta, negative ones
-                   multiplied by it.
-      temperature  0.0 means greedy (argmax); otherwise logits are divided by it.
-      top_k        keep the k most likely tokens (0: off).
-      top_p        nucleus sampling (1.0: off).
-      min_p        keep tokens whose probability is at least min_p x the top probability (0: off).
-      eta          eta sampling threshold (0: off).
-    Drafting:
-      tree         "auto" (cost-aware: the tree that maximizes expected tokens per second on this machine,
-                   see `tokenswift.auto`; drafts fused, from heads, suffix matches and 4-grams), a tree
-                   preset name (see `tokenswift.tree.TREE_PRESETS`) or a product spec like "1x3x3x3".
-      ngram_reuse  add the most frequent 4-grams starting with each depth-1 candidate as branches.
-      ngram_topk   how many 4-grams per depth-1 candidate.
-      kv_mode      partial KV cache for drafting: "full" (no partial cache), "once" (select at prefill,
-                   then a rolling recent tail) or "dynamic" (re-select when the tail is full).
-      kv_budget    positions held by the partial cache (per layer and KV head).
-      kv_sink      first positions always kept.
-      kv_recent    room for the recent tail (None: a quarter of the budget).
-      draft        "paper": a draft forward of the last token over the partial cache each iteration (the
-                   paper's scheme); "fused": no draft forward, the heads read the verification pass's hidden
-                   state at the last accepted token (one level shallower, no partial cache; measured option
-                   for CPUs, where the draft forward costs as much as an AR step).
-    Other:
-      stop_at_eos  stop when the tokenizer's end-of-sequence token is produced (off for long-form runs).
-      acceptance   "exact" (lossless, one target sample per tree node) or "per_row_biased" (the original
-                   code's rule, kept only to demonstrate its bias; not lossless).
+    Sampling is shared by AR and TokenSwift and applied in this order: penalty, temperature, top_k, top_p,
+    min_p, eta. Every value is checked by `tokenswift.validate` when the object is made (types, ranges and
+    resource bounds), so a Settings that exists is one the engine can run.
     """
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    eta: float = 0.0
-    penalty: float = 1.0
-    penalty_window: int = 1024
-    ngram_reuse: bool = True
-    ngram_topk: int = 20
-    tree: str = "1x3x3x3"
-    kv_mode: str = "dynamic"
-    kv_budget: int = 4096
-    kv_sink: int = 16
-    kv_recent: int | None = None
-    draft: str = "paper"
-    stop_at_eos: bool = False
-    acceptance: str = "exact"
+    temperature: float = _opt(0.0, "0 means greedy (argmax); otherwise logits are divided by it")
+    top_k: int = _opt(0, "keep the k most likely tokens (0: off)")
+    top_p: float = _opt(1.0, "nucleus sampling (1.0: off)")
+    min_p: float = _opt(0.0, "keep tokens whose probability is at least min_p x the top probability (0: off)")
+    eta: float = _opt(0.0, "eta sampling threshold (0: off)")
+    penalty: float = _opt(1.0, "contextual (CTRL-style) repetition penalty theta on the tokens of the last "
+                               "penalty_window tokens: positive logits divided by it, negative ones multiplied "
+                               "(1.0: off; the paper: 1.2)")
+    penalty_window: int = _opt(1024, "tokens the penalty looks back over")
+    ngram_reuse: bool = _opt(True, "add the most frequent 4-grams starting with each depth-1 candidate as branches")
+    ngram_topk: int = _opt(20, "how many 4-grams per depth-1 candidate")
+    tree: str = _opt("1x3x3x3", "'auto' (cost-aware: the tree that maximizes expected tokens per second on this "
+                                "machine, drafted fused from heads, suffix matches and 4-grams), a preset of "
+                                "tokenswift.tree.TREE_PRESETS or widths like '1x3x3x3'")
+    kv_mode: str = _opt("dynamic", "partial KV cache for drafting: 'full' (none), 'once' (select at prefill, "
+                                        "then a rolling recent tail) or 'dynamic' (re-select when the tail is full)")
+    kv_budget: int = _opt(4096, "positions held by the partial cache (per layer and KV head)")
+    kv_sink: int = _opt(16, "first positions the partial cache always keeps")
+    kv_recent: int | None = _opt(None, "room for the recent tail (default: a quarter of kv_budget)")
+    draft: str = _opt("paper", "'paper': a draft forward of the last token over the partial cache each "
+                                       "iteration (the paper's scheme); 'fused': the heads read the verification "
+                                       "pass's hidden state (one level shallower, no partial cache; for CPUs)")
+    stop_at_eos: bool = _opt(False, "stop when the tokenizer's end-of-sequence token is produced")
+    acceptance: str = _opt("exact", "'exact' (lossless, one target sample per tree node) or "
+                                                 "'per_row_biased' (the original code's rule, kept only to "
+                                                 "demonstrate its bias; not lossless)")
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0.0, f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        _check(self.top_k >= 0, f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
-        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}")
-        _check(0.0 <= self.eta < 1.0, f"eta must be in [0, 1), got {self.eta}")
-        _check(self.penalty >= 1.0, f"penalty (theta) must be >= 1.0 (1.0 turns it off), got {self.penalty}")
-        _check(self.penalty_window >= 1, f"penalty_window must be >= 1, got {self.penalty_window}")
-        _check(self.ngram_topk >= 0, f"ngram_topk must be >= 0, got {self.ngram_topk}")
-        _check(self.kv_mode in KV_MODES, f"kv_mode must be one of {', '.join(KV_MODES)}, got {self.kv_mode!r}")
-        _check(self.draft in DRAFT_MODES, f"draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}")
-        _check(self.kv_sink >= 0, f"kv_sink must be >= 0, got {self.kv_sink}")
-        recent = self.recent_capacity
-        _check(recent >= 1, f"kv_recent must be >= 1, got {recent}")
-        _check(
-            self.kv_budget >= self.kv_sink + recent + 1,
-            f"kv_budget ({self.kv_budget}) must exceed kv_sink ({self.kv_sink}) + kv_recent ({recent})",
-        )
-        _check(
-            self.acceptance in ACCEPTANCE_RULES,
-            f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {self.acceptance!r}",
-        )
-        from .tree import parse_tree  # late import: tree.py does not depend on settings
-
-        parse_tree(self.tree)  # raises ValueError with a readable message
+        checked = check_settings_values({f.name: getattr(self, f.name) for f in fields(self)})
+        for name, value in checked.items():  # normalised: 3.0 -> 3 for whole numbers, 1 -> 1.0 for real ones
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:
@@ -107,12 +76,6 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Settings":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        _check(not unknown, f"unknown setting(s): {', '.join(unknown)}")
-        return cls(**data)
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+        """From a mapping of setting names to values (missing ones take their defaults); unknown names,
+        wrong types and out-of-range values raise `tokenswift.validate.InvalidRequest`."""
+        return validate_settings(data)

@@ -10,6 +10,7 @@ node is a drafted token. Equal prefixes share one node, whatever proposed them.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -26,29 +27,60 @@ TREE_PRESETS: dict[str, str] = {
     "none": "",  # no model drafts: n-gram reuse only
 }
 
-
-
 AUTO = "auto"  # cost-aware drafting (tokenswift.auto): no fixed spec
+
+# Bounds on a product spec, checked on the widths before any path is built. The paper's tree has 40 nodes
+# and the widest preset 44; 256 leaves room to experiment while the tree's mask and verification rows stay
+# small (a spec such as "64x64x64x64x64" would otherwise expand to about a billion paths).
+MAX_TREE_WIDTH = 64  # candidates per level
+MAX_TREE_DEPTH = 16  # levels
+MAX_TREE_NODES = 256  # drafted nodes (the root excluded)
+_SPEC = re.compile(r"\s*[0-9]{1,3}\s*(?:x\s*[0-9]{1,3}\s*)*", re.ASCII)
+_SPEC_MAX_CHARS = 200  # longer than any spec within the bounds (16 levels of "64x" and spaces)
+
+
+def spec_widths(spec: str) -> list[int]:
+    """A preset name, "auto" or a product spec -> its widths per level ([] for "auto" and "none"), checked
+    against the bounds above from the widths alone. Raises ValueError with one sentence saying what is
+    allowed."""
+    allowed = f"'auto', a preset ({', '.join(TREE_PRESETS)}) or widths like '1x3x3x3'"
+    if not isinstance(spec, str):
+        raise ValueError(f"tree must be {allowed}; got a value of type {type(spec).__name__}.")
+    if len(spec) > _SPEC_MAX_CHARS:
+        raise ValueError(f"tree must be {allowed}; got a text of {len(spec):,} characters.")
+    text = spec.strip()
+    if text == AUTO:
+        return []
+    text = TREE_PRESETS.get(text, text).lower()
+    if text == "":
+        return []
+    if not _SPEC.fullmatch(text):
+        raise ValueError(f"tree must be {allowed}; got {spec!r}.")
+    widths = [int(part) for part in text.split("x")]
+    if len(widths) > MAX_TREE_DEPTH:
+        raise ValueError(f"tree must have at most {MAX_TREE_DEPTH} levels; got {len(widths)} in {spec!r}.")
+    if not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
+        raise ValueError(f"tree widths must each be from 1 to {MAX_TREE_WIDTH}; got {spec!r}.")
+    nodes = product_nodes(widths)
+    if nodes > MAX_TREE_NODES:
+        raise ValueError(f"tree {spec!r} has {nodes:,} nodes; at most {MAX_TREE_NODES} are allowed "
+                         f"(the paper's 1x3x3x3 has 40).")
+    return widths
+
+
+def product_nodes(widths: list[int]) -> int:
+    """Drafted nodes of a product spec: w1 + w1*w2 + ... (arithmetic only, nothing expanded)."""
+    total, level = 0, 1
+    for w in widths:
+        level *= w
+        total += level
+    return total
 
 
 def parse_tree(spec: str) -> list[tuple[int, ...]]:
     """A preset name or a product spec ("1x3x3x3") -> sorted list of rank paths (no root). "auto" has no
-    fixed paths: []."""
-    if not isinstance(spec, str):
-        raise ValueError(f"tree must be a string (a preset, 'auto' or widths like '1x3x3x3'), got {spec!r}")
-    if spec.strip() == AUTO:
-        return []
-    text = TREE_PRESETS.get(spec.strip(), spec.strip())
-    if text == "":
-        return []
-    try:
-        widths = [int(part) for part in text.lower().split("x")]
-    except ValueError:
-        raise ValueError(
-            f"tree must be 'auto', a preset ({', '.join(TREE_PRESETS)}) or widths like '1x3x3x3', got {spec!r}"
-        ) from None
-    if any(w < 1 or w > 64 for w in widths) or len(widths) > 16:
-        raise ValueError(f"tree widths must be between 1 and 64, at most 16 levels, got {spec!r}")
+    fixed paths: []. The spec is checked against the bounds before it is expanded."""
+    widths = spec_widths(spec)
     paths: list[tuple[int, ...]] = []
     for depth in range(1, len(widths) + 1):
         paths.extend(itertools.product(*(range(w) for w in widths[:depth])))
