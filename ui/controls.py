@@ -1,12 +1,17 @@
-"""The control panel's values -> validated engine settings (one place, clear messages)."""
+"""The control panel's values -> settings checked by `tokenswift.validate` (its messages shown as they are)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tokenswift import TREE_PRESETS, Settings
 from tokenswift.tree import AUTO
+from tokenswift.validate import InvalidRequest, shown, true_or_false, validate_seed, validate_settings, whole_number
 
 MAX_NEW_TOKENS = 50_000
+MAX_PROMPT_CHARS = 200_000  # a cap before tokenizing; the limit that counts is in tokens
+# The controls' names in messages, where they differ from the Settings field they set.
+LABELS = {"penalty": "Theta", "penalty_window": "Penalty window", "ngram_topk": "N-gram top-k",
+          "ngram_reuse": "Token reuse"}
 
 # The controls' starting values (the layout and the measurement script both read these).
 UI_DEFAULTS = dict(max_new=500, greedy=False, temperature=1.0, top_p=1.0, min_p=0.1, seed=0, penalty_on=True,
@@ -41,34 +46,26 @@ class RunControls:
 def parse_controls(prompt: str, max_new_tokens: float, greedy: bool, temperature: float, top_p: float, min_p: float,
                    seed: float, penalty_on: bool, theta: float, window: float, reuse_on: bool, ngram_topk: float,
                    tree: str, kv_mode: str, kv_budget: float, draft: str, model: str) -> RunControls:
-    """Raises ValueError with a message meant for the user."""
-    if prompt is None or not str(prompt).strip():
-        raise ValueError("Type a prompt (or pick an example) first.")
-    if len(prompt) > 200_000:
-        raise ValueError("The prompt is too long for this demo (200,000 characters at most).")
-    n = _whole(max_new_tokens, "Max new tokens")
-    if not 1 <= n <= MAX_NEW_TOKENS:
-        raise ValueError(f"Max new tokens must be between 1 and {MAX_NEW_TOKENS:,}.")
-    settings = Settings(
-        temperature=0.0 if greedy else float(temperature),
-        top_p=float(top_p), min_p=float(min_p),
-        penalty=float(theta) if penalty_on else 1.0, penalty_window=_whole(window, "Penalty window"),
-        ngram_reuse=bool(reuse_on), ngram_topk=_whole(ngram_topk, "N-gram top-k"),
-        tree=str(tree), kv_mode=str(kv_mode), kv_budget=_whole(kv_budget, "KV budget"), draft=str(draft),
-    )
+    """The controls checked by `tokenswift.validate`; raises InvalidRequest (a ValueError) with a message
+    meant for the user. The prompt's length in tokens is checked later by whoever holds the tokenizer
+    (`tokenswift.validate.validate_request`); here only a character cap keeps megabytes from being tokenized."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidRequest("Type a prompt (or pick an example) first.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(f"The prompt is too long for this demo ({MAX_PROMPT_CHARS:,} characters at most).")
+    if not isinstance(model, str):
+        raise InvalidRequest(f"Model must be the name of a listed model; got {shown(model)}.")
+    n = whole_number(max_new_tokens, "Max new tokens", 1, MAX_NEW_TOKENS)
+    greedy = true_or_false(greedy, "Greedy")
+    penalty_on = true_or_false(penalty_on, "Penalise")
+    settings = validate_settings(dict(
+        temperature=0.0 if greedy else temperature, top_p=top_p, min_p=min_p,
+        penalty=theta if penalty_on else 1.0, penalty_window=window, ngram_reuse=reuse_on, ngram_topk=ngram_topk,
+        tree=tree, kv_mode=kv_mode, kv_budget=kv_budget, draft=draft,
+    ), labels=LABELS)
     if not greedy and settings.temperature == 0.0:
-        raise ValueError("Temperature 0 is greedy: tick 'Greedy' or choose a temperature above 0.")
-    return RunControls(str(prompt), n, _whole(seed, "Seed"), str(model), settings)
-
-
-def _whole(value, name: str) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number.") from None
-    if number != int(number):
-        raise ValueError(f"{name} must be a whole number.")
-    return int(number)
+        raise InvalidRequest("Temperature 0 is greedy: tick 'Greedy' or choose a temperature above 0.")
+    return RunControls(prompt, n, validate_seed(seed, "Seed"), model, settings)
 
 
 TREE_CHOICES = [AUTO, *TREE_PRESETS]
