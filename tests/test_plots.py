@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 import pytest
 
 from tokenswift.events import AcceptedToken, CacheState, Step, Timings, TreeNode, position_runs
-from ui.plots import (SOURCE_COLORS, accepted_figure, chunk_bounds, chunk_overlap_matrix, color_for, distinct_all,
+from ui.plots import (REPEAT_MIN_TOKENS, SOURCE_COLORS, accepted_figure, bonus_token, chunk_bounds,
+                      chunk_overlap_matrix, chunk_size_for, repeated_fraction, color_for, distinct_all,
                       distinct_n, draft_tree_figure, held_strip, kv_figure, repeated_spans, repetition_figure,
                       running_mean, token_label)
 from tokenswift.serve.trace import MethodTrace, RunTrace
@@ -37,9 +38,10 @@ def small_tree() -> tuple[list[TreeNode], list[int]]:
         (110, 0, 1, "ngram", False),
         (111, 10, 2, "ngram", False),
     ]
+    drew = {0: 101, 1: 102, 2: 104, 4: 200}  # the target's sample at each visited node (4: the bonus)
     nodes = [TreeNode(tok, parent, depth, source, 0.5, accepted,
-                      target_prob=0.4 if parent >= 0 else None, target_sample=tok if accepted else None)
-             for tok, parent, depth, source, accepted in spec]
+                      target_prob=0.4 if parent >= 0 else None, target_sample=drew.get(i))
+             for i, (tok, parent, depth, source, accepted) in enumerate(spec)]
     return nodes, [101, 102, 104, 200]
 
 
@@ -148,7 +150,7 @@ def test_tree_figure_nodes_edges_bonus():
     templates = " ".join(t.hovertemplate for t in node_traces)
     assert "accepted" in templates and "rejected" in templates and "%{customdata[2]}" in templates
     data = {row[0]: row for t in node_traces for row in t.customdata}
-    assert data[102] == [102, 0.5, 0.4, "⏎"] and data[100] == [100, 0.5, "–", "t100"] and data[103][3] == "–"
+    assert data[102] == [102, 0.5, 0.4, "cat"] and data[100] == [100, 0.5, "–", "␣the"] and data[103][3] == "–"
     lone_root = draft_tree_figure([TreeNode(5, -1, 0, "root", 1.0, True)], [], lambda t: "<b>")
     assert by_meta(lone_root, "nodes")[0].text == ("&lt;b&gt;",)  # token text is not markup
 
@@ -179,9 +181,21 @@ def test_token_label_escapes_and_truncates():
     assert token_label("") == "∅"
 
 
-def test_tree_without_bonus_and_empty():
+def test_bonus_is_the_target_sample_even_when_the_token_limit_cuts_the_step():
     nodes, _ = small_tree()
-    fig = draft_tree_figure(nodes, [], decode)
+    assert bonus_token(nodes, [101, 102, 104, 200]) == (200, True)
+    # max_new reached after two tokens: the last emitted token (102) is drafted; the bonus 200 was not emitted
+    assert bonus_token(nodes, [101, 102]) == (200, False)
+    fig = draft_tree_figure(nodes, [101, 102], decode, iteration=5)
+    (bonus,) = by_meta(fig, "bonus")
+    assert bonus.text == ("␣sat (not emitted)",) and bonus.marker.symbol == "star-open"
+    assert "2 emitted, no bonus" in fig.layout.title.text
+
+
+def test_tree_without_bonus_and_empty():
+    root = TreeNode(5, -1, 0, "root", 1.0, True)
+    assert bonus_token([root], []) == (None, False)
+    fig = draft_tree_figure([root], [], decode)
     assert not by_meta(fig, "bonus")
     empty = draft_tree_figure([], [], decode, iteration=3)
     assert "No draft tree yet" in annotation_texts(empty)
@@ -329,9 +343,9 @@ def test_distinct_n():
 
 def test_repeated_spans():
     a, b = list(range(10)), list(range(100, 105))
-    assert repeated_spans(a + b + a) == [(15, 25)]
-    assert repeated_spans(a + b + a, lookback=5) == []  # the earlier copy starts 15 tokens back
-    assert repeated_spans(a + b + a, lookback=15) == [(15, 25)]
+    assert repeated_spans(a + b + a, min_len=8) == [(15, 25)]
+    assert repeated_spans(a + b + a, min_len=8, lookback=5) == []  # the earlier copy starts 15 tokens back
+    assert repeated_spans(a + b + a, min_len=8, lookback=15) == [(15, 25)]
     assert repeated_spans(a + b + a, min_len=11) == []
     assert repeated_spans(list(range(40))) == []
     assert repeated_spans([1, 2, 3] * 10, min_len=3) == [(3, 30)]  # a loop repeats itself
@@ -366,6 +380,32 @@ def test_chunk_overlap_matrix():
     short = chunk_overlap_matrix([1, 2, 3, 4, 5, 6], 4)  # the last chunk has no 4-gram
     assert short == [[1.0, 0.0], [0.0, 0.0]]
     assert chunk_overlap_matrix([], 100) == []
+
+
+def test_one_definition_of_a_repeated_span():
+    """Panes and plot titles both call a copy of >= REPEAT_MIN_TOKENS tokens repeated, and nothing shorter."""
+    a = list(range(REPEAT_MIN_TOKENS))
+    assert repeated_spans(a + [999] + a) == [(REPEAT_MIN_TOKENS + 1, 2 * REPEAT_MIN_TOKENS + 1)]
+    assert repeated_spans(a[:-1] + [999] + a[:-1]) == []
+    assert repeated_fraction(a + [999] + a) == pytest.approx(REPEAT_MIN_TOKENS / (2 * REPEAT_MIN_TOKENS + 1))
+
+
+@pytest.mark.parametrize("length,low,high", [(300, 8, 40), (500, 8, 40), (2_000, 8, 40), (20_000, 8, 40),
+                                             (50_000, 8, 40)])
+def test_chunk_size_adapts_to_the_run(length, low, high):
+    size = chunk_size_for(length)
+    assert low <= len(chunk_bounds(length, size)) <= high
+    assert size >= 25 and str(size).rstrip("0") in {"1", "15", "2", "25", "3", "4", "5", "6", "8"}
+
+
+def test_repetition_heatmap_at_500_tokens_has_at_least_8x8_chunks():
+    rng = random.Random(0)
+    fig = repetition_figure([rng.randrange(1000) for _ in range(500)], [rng.randrange(1000) for _ in range(480)])
+    for heatmap in by_meta(fig, "overlap"):
+        assert len(heatmap.z) >= 8 and all(len(row) >= 8 for row in heatmap.z)
+    # both panels use the chunks of the longer run: 2,000 tokens -> chunks of 100, so 1,000 tokens give 10
+    fig = repetition_figure([rng.randrange(1000) for _ in range(2000)], [rng.randrange(1000) for _ in range(1000)])
+    assert [len(m.z) for m in by_meta(fig, "overlap")] == [20, 10]
 
 
 def test_chunk_count_is_capped():

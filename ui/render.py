@@ -4,20 +4,30 @@ from __future__ import annotations
 from typing import Callable
 
 from tokenswift.events import TreeNode
-
-from . import plots
-from .text import LIVE_WINDOW, repeat_labels, segments, source_labels
+from tokenswift.kinds import KVMode, Source
 from tokenswift.serve.trace import MethodTrace, RunTrace
 
+from . import plots
+from .plots import speed
+from .plots.repetition import REPEAT_MIN_TOKENS
+from .text import LIVE_WINDOW, Label, pane_html, placeholder_html, segments, span_class
+
 Decode = Callable[[list[int]], str]
+DecodeOne = Callable[[int], str]
 
 SPEED_NOTE = ("Speed: AR and TokenSwift run alternately in one engine process, apart from the web server (one "
               "TokenSwift iteration, then AR until it catches up), so neither competes with the other for the CPU; "
               "each method's tokens/s is its tokens over its own compute time, prefill excluded.")
+REPEAT_LOOKBACK = 8192  # tokens before the pane's visible window searched for an earlier occurrence
+DISTINCT_TAIL = 2000  # Distinct-n is measured over each pane's last tokens (it falls with length)
+
+
+def _name(m: MethodTrace) -> str:
+    return "AR" if m.method == "ar" else "TokenSwift"
 
 
 def pane_stats(m: MethodTrace, max_new: int) -> str:
-    label = "AR" if m.method == "ar" else "TokenSwift"
+    label = _name(m)
     if m.generated == 0:
         return f"**{label}** · 0 / {max_new:,} tokens · no tokens yet"
     line = (f"**{label}** · {m.generated:,} / {max_new:,} tokens · **{m.tokens_per_s:,.1f} tok/s** · "
@@ -32,12 +42,7 @@ def pane_stats(m: MethodTrace, max_new: int) -> str:
 def summary(trace: RunTrace, greedy: bool) -> str:
     parts = []
     if trace.speedup:
-        parts.append(f"**Speedup {trace.speedup:.2f}x** (TokenSwift tok/s ÷ AR tok/s)")
-    ts_trace = trace.tokenswift
-    if ts_trace.plan and ts_trace.iterations:
-        mean_nodes = sum(ts_trace.per_iteration_nodes) / ts_trace.iterations
-        parts.append(f"tree auto: {mean_nodes:.1f} nodes per iteration on average; "
-                     f"latest {ts_trace.plan}")
+        parts.append(f"**Speedup {trace.speedup:.2f}x** (TokenSwift tok/s ÷ AR tok/s; the speed panel below says why)")
     if greedy:
         n = min(trace.ar.generated, trace.tokenswift.generated)
         same = trace.identical_prefix()
@@ -48,20 +53,44 @@ def summary(trace: RunTrace, greedy: bool) -> str:
     return " · ".join(parts)
 
 
-def ts_segments(m: MethodTrace, decode: Decode) -> list[tuple[str, str | None]]:
-    return segments(m.token_ids, source_labels(m.sources), decode)
+# ---- the panes ---------------------------------------------------------------------------------------------
 
-
-REPEAT_LOOKBACK = 8192  # tokens searched for an earlier occurrence of what the pane shows
-
-
-def ar_segments(m: MethodTrace, decode: Decode, min_repeat: int = 12) -> list[tuple[str, str | None]]:
-    """The AR pane's visible tail with verbatim repeats (of >= min_repeat tokens) highlighted."""
+def _pane_labels(m: MethodTrace, sources: bool) -> list[Label]:
+    """Per token: (source or None, inside a repeated span?). Repeats are searched from REPEAT_LOOKBACK
+    tokens before the visible window on."""
     start = max(0, len(m.token_ids) - LIVE_WINDOW - REPEAT_LOOKBACK)
-    recent = m.token_ids[start:]
-    labels = [None] * start + repeat_labels(recent, plots.repeated_spans(recent, min_len=min_repeat))
-    return segments(m.token_ids, labels, decode)
+    repeated = [False] * len(m.token_ids)
+    for a, b in plots.repeated_spans(m.token_ids[start:]):
+        repeated[start + a : start + b] = [True] * (b - a)
+    kinds = m.sources if sources else [None] * len(m.token_ids)
+    return list(zip(kinds, repeated))
 
+
+def _class_of(label: Label) -> str:
+    return "" if label is None else span_class(*label)
+
+
+def pane_text(m: MethodTrace, decode: Decode) -> str:
+    """A pane's HTML: AR text with repeats underlined; TokenSwift text also tinted by source."""
+    if not m.generated:
+        return placeholder_html("no tokens yet")
+    labels = _pane_labels(m, sources=m.method != "ar")
+    return pane_html(segments(m.token_ids, labels, decode), _class_of)
+
+
+def distinct_line(trace: RunTrace) -> str:
+    """Distinct-1..4 (last DISTINCT_TAIL tokens) and the first verbatim repeat, per pane."""
+    rows = []
+    for m in (trace.ar, trace.tokenswift):
+        d = plots.distinct_all(m.token_ids[-DISTINCT_TAIL:])
+        spans = plots.repeated_spans(m.token_ids)
+        first = f"first verbatim repeat at token {spans[0][0]:,}" if spans else "no verbatim repeat"
+        rows.append(f"**{_name(m)}**: " + " · ".join(f"distinct-{k} {v:.2f}" for k, v in d.items()) + f" · {first}")
+    return (f"Last {DISTINCT_TAIL:,} tokens; a verbatim repeat copies an earlier run of ≥ {REPEAT_MIN_TOKENS} tokens "
+            "(underlined in the panes) — " + " | ".join(rows))
+
+
+# ---- plots -------------------------------------------------------------------------------------------------
 
 def latest_tree(m: MethodTrace, pick: int | None = None) -> tuple[int | None, list[TreeNode], list[int]]:
     if not m.trees:
@@ -73,88 +102,217 @@ def latest_tree(m: MethodTrace, pick: int | None = None) -> tuple[int | None, li
     return m.trees[-1]
 
 
-def tree_figure(m: MethodTrace, decode_one: Callable[[int], str], pick: int | None = None):
+def tree_figure(m: MethodTrace, decode_one: DecodeOne, pick: int | None = None):
     it, nodes, acc = latest_tree(m, pick)
     return plots.draft_tree_figure(nodes, acc, decode_one, it)
 
 
-def all_plots(trace: RunTrace, decode_one: Callable[[int], str]) -> tuple:
+def all_plots(trace: RunTrace, decode_one: DecodeOne) -> tuple:
     ts = trace.tokenswift
     return (tree_figure(ts, decode_one), plots.accepted_figure(ts), plots.kv_figure(ts),
             plots.repetition_figure(trace.ar.token_ids, ts.token_ids))
 
 
-def distinct_line(trace: RunTrace) -> str:
-    rows = []
-    for m in (trace.ar, trace.tokenswift):
-        d = plots.distinct_all(m.token_ids[-2000:])
-        rows.append(f"{'AR' if m.method == 'ar' else 'TokenSwift'}: " + " · ".join(f"distinct-{k} {v:.2f}" for k, v in d.items()))
-    return "Last 2,000 tokens — " + " | ".join(rows)
+# ---- the speed panel ---------------------------------------------------------------------------------------
+
+def _split_table(ts: speed.Split, ar: speed.Split | None, ar_step: float) -> list[str]:
+    unit = f" | {ts.total / ar_step:.2f}" if ar_step else " | –"
+    rows = ["| mean per iteration | draft | verify | bookkeeping | total | in AR steps |",
+            "|---|---|---|---|---|---|",
+            f"| TokenSwift | {ts.draft:.2f} ms | {ts.verify:.2f} ms | {ts.bookkeeping:.2f} ms | {ts.total:.2f} ms{unit} |"]
+    if ar is not None:
+        rows.append(f"| AR (one step) | – | {ar.verify:.2f} ms | {ar.bookkeeping:.2f} ms | {ar.total:.2f} ms | 1 |")
+    return rows
 
 
-def step_explanation(m: MethodTrace, decode_one: Callable[[int], str]) -> tuple[str, list[list]]:
-    """Captions and the per-node table for the classroom step view."""
+def _cost_table(buckets: list[speed.CostBucket], ar_step: float) -> list[str]:
+    rows = ["| drafted nodes | " + " | ".join(b.label for b in buckets) + " |",
+            "|---|" + "---|" * len(buckets),
+            "| iterations | " + " | ".join(f"{b.iterations:,}" for b in buckets) + " |",
+            "| median verify | " + " | ".join(f"{b.verify_ms:.2f} ms" for b in buckets) + " |"]
+    if ar_step:
+        rows.append("| in AR steps | " + " | ".join(f"{b.verify_ms / ar_step:.2f}" for b in buckets) + " |")
+    return rows
+
+
+def _ratio_line(trace: RunTrace, ts_step: float, ar_step: float) -> str:
+    ts = trace.tokenswift
+    per_iter = ts.mean_accepted
+    if not ar_step:
+        return f"**{per_iter:.2f} tokens per iteration**; AR has not run, so there is no ratio to explain."
+    steps = ts_step / ar_step
+    return (f"**The ratio**: {per_iter:.2f} tokens per iteration ÷ ({ts_step:.2f} ms ÷ {ar_step:.2f} ms = "
+            f"{steps:.2f} AR-step costs per iteration) = **{per_iter / steps:.2f}x** "
+            f"(TokenSwift {ts.tokens_per_s:,.1f} tok/s ÷ AR {trace.ar.tokens_per_s:,.1f} tok/s). "
+            + ("TokenSwift wins where each iteration yields more tokens than it costs AR steps."
+               if per_iter > steps else
+               "TokenSwift loses here: an iteration costs more AR steps than the tokens it yields."))
+
+
+def _tree_line(trace: RunTrace) -> str:
+    ts = trace.tokenswift
+    tree = trace.settings.get("tree", "")
+    nodes = f"{speed.mean_nodes(ts):.1f} drafted nodes verified per iteration on average"
+    if not ts.plan:
+        return f"**Tree {tree}**: {nodes}."
+    return (f"**Tree auto**: {nodes}. Each iteration it verifies the candidates (suffix matches, fused heads, "
+            "4-grams) with the best measured acceptance, as many as maximise expected tokens per unit of measured "
+            f"cost (cost in one-token steps of this machine). Latest plan: *{ts.plan}*.")
+
+
+def speed_panel(trace: RunTrace) -> str:
+    """Why the speedup is what it is: time per iteration against one AR step, the cost of verifying q
+    nodes as this run measured it, tokens per iteration, and the ratio as arithmetic."""
+    ts, ar = trace.tokenswift, trace.ar
+    split = speed.mean_split(ts)
+    if split is None:
+        return "**Speed panel**: appears after TokenSwift's first iteration."
+    ar_step = speed.step_ms(ar)
+    ts_step = speed.step_ms(ts)
+    totals = ts.source_totals
+    tokens = (f"**Tokens per iteration**: {ts.mean_accepted:.2f} = drafted and accepted "
+              f"({(totals.get(Source.HEAD, 0) + totals.get(Source.NGRAM, 0)) / ts.iterations:.2f}: heads "
+              f"{totals.get(Source.HEAD, 0):,}, n-grams {totals.get(Source.NGRAM, 0):,} in all) + the target's "
+              f"bonus (1, unless cut at the token limit), over {ts.iterations:,} iterations.")
+    lines = ["#### Why this speed: one TokenSwift iteration against one AR step",
+             *_split_table(split, speed.mean_split(ar) if ar.iterations else None, ar_step), "",
+             "**Verifying q drafted nodes on this machine** (this run's iterations; the verify forward grows with "
+             "the number of rows):", "", *_cost_table(speed.verify_cost(ts), ar_step), "",
+             tokens, "", _tree_line(trace), "", _ratio_line(trace, ts_step, ar_step)]
+    return "\n".join(lines)
+
+
+# ---- the classroom step view -------------------------------------------------------------------------------
+
+def _accepted_path(nodes: list[TreeNode]) -> list[int]:
+    """The accepted drafted nodes (root excluded), shallow to deep."""
+    return sorted((i for i, n in enumerate(nodes) if n.accepted and n.parent >= 0), key=lambda i: nodes[i].depth)
+
+
+def _draft_caption(m: MethodTrace, it: int, nodes: list[TreeNode], settings: dict, root: str) -> str:
+    """Step 1 as the engine ran it: m.partial_mode is what the engine reported ("fused", "full", "once",
+    "dynamic", or "none" without heads); tree="auto" always drafts fused."""
+    heads = sum(1 for n in nodes if n.source == Source.HEAD)
+    grams = len(nodes) - 1 - heads
+    held = f"the tree holds {len(nodes) - 1} drafted nodes ({heads} from the heads, {grams} from reused text, " \
+           "equal prefixes merged)"
+    auto = settings.get("tree") == "auto"
+    if auto and len(nodes) == 1:
+        return (f"1. **Draft (tree auto)**: nothing drafted — *{m.plan}*. No candidate was expected to pay for its "
+                f"verification, so this iteration is an AR-cost step: one forward of «{root}» and the target's token.")
+    plan = f" tree=auto kept only the candidates that pay on this machine: *{m.plan}*." if auto else ""
+    mode = m.partial_mode
+    if mode == "fused" and not (it == 0 and not auto):
+        how = (f"no draft forward (fused drafting): the heads read the hidden state that the previous "
+               f"verification pass left at the token before «{root}», and proposed the tokens after it; "
+               f"reused n-grams continue «{root}»; no partial KV cache is used")
+    elif mode == "fused":
+        how = (f"fused drafting, first iteration: no verification pass yet for the heads to read, so one draft "
+               f"forward of «{root}» over the full KV cache (fused drafting uses no partial cache)")
+    elif mode == KVMode.FULL:
+        how = (f"one draft forward of «{root}» over the full KV cache (kv_mode=full: no partial cache) gave the base "
+               "LM head's distribution (depth 1) and the extra heads' (deeper)")
+    elif mode in (KVMode.ONCE, KVMode.DYNAMIC):
+        how = (f"one draft forward of «{root}» over the partial KV cache ({mode}, {m.partial_budget:,} positions) "
+               "gave the base LM head's distribution (depth 1) and the extra heads' (deeper)")
+    else:
+        how = f"no heads: only reused n-grams that continue «{root}»"
+    return f"1. **Draft**: {how}; {held}.{plan}"
+
+
+def _accept_caption(nodes: list[TreeNode], acc: list[int], greedy: bool, decode_one: DecodeOne) -> str:
+    path = _accepted_path(nodes)
+    bonus, emitted = plots.bonus_token(nodes, acc)
+    rule = ("took the target's argmax at each visited node" if greedy else
+            "drew one target token at each visited node")
+    text = f"3. **Accept**: the walk {rule} and went down while a child matched: {len(path)} drafted token(s) accepted"
+    if emitted:
+        return text + f", then the bonus «{decode_one(bonus) if bonus is not None else '?'}» (the target's own token)."
+    return text + (f"; the run's token limit cut the output after {len(acc)} of them, so the bonus "
+                   f"«{decode_one(bonus) if bonus is not None else '?'}» was drawn but not emitted.")
+
+
+def _kv_caption(m: MethodTrace) -> str:
+    text = (f"4. **KV update**: the accepted path's K/V was moved into place in the full cache (now {m.cache_length:,} "
+            "positions); the rest of the tree's slots were discarded")
+    if m.partial_budget:
+        return text + (f"; the partial cache took the new tokens into its recent tail ({m.partial_budget:,} "
+                       f"positions at most, {len(m.refresh_at)} refreshes so far).")
+    if m.partial_mode == "fused":
+        return text + "; the hidden state at the last accepted token is kept for the next iteration's heads."
+    return text + "; there is no partial cache to update."
+
+
+TABLE_NOTE = ("Table: *proposer score* is what ranked a node when the tree was built — a head's softmax at "
+              "temperature 1 without truncation, or a reused n-gram's share of the table's counts (1 for a suffix "
+              "match); *target p* is the target's probability of the node's token at its parent after the whole "
+              "sampling chain (penalty, temperature, top-p, min-p). They are not on the same scale.")
+
+
+def step_explanation(m: MethodTrace, decode_one: DecodeOne, settings: dict | None = None) -> tuple[str, list[list]]:
+    """Captions and the per-node table for the classroom step view; `settings`: the run's
+    tokenswift.Settings fields (RunTrace.settings)."""
+    settings = settings or {}
     it, nodes, acc = latest_tree(m)
     if not nodes:
         return "Press **Step** to run one TokenSwift iteration.", []
-    heads = sum(1 for n in nodes if n.source == "head")
-    grams = sum(1 for n in nodes if n.source == "ngram")
-    accepted_path = [n for n in nodes[1:] if n.accepted]
-    bonus = acc[-1] if acc else None
+    greedy = float(settings.get("temperature", 0.0)) == 0.0
     lines = [
         f"**Iteration {it}.**",
-        f"1. **Draft**: one forward of the last token «{decode_one(nodes[0].token)}» over the partial KV cache gave the "
-        f"base and head distributions; the tree holds {len(nodes) - 1} drafted nodes ({heads} from the heads, "
-        f"{grams} from reused n-grams, equal prefixes merged).",
-        f"2. **Verify**: one forward of all {len(nodes)} nodes over the full cache with tree attention gave the target's "
-        f"distribution at every node.",
-        f"3. **Accept**: the target drew one token at each visited node and walked down while a child matched: "
-        f"{len(accepted_path)} drafted token(s) accepted, then the bonus «{decode_one(bonus) if bonus is not None else ''}».",
-        f"4. **KV update**: the accepted path's K/V was moved into place in the full cache (now {m.cache_length:,} "
-        f"positions); the rest of the tree's slots were discarded; the partial cache "
-        + (f"holds {m.partial_budget:,} positions at most ({len(m.refresh_at)} refreshes so far)." if m.partial_budget
-           else "is not used (drafting reads the full cache)."),
+        _draft_caption(m, it, nodes, settings, decode_one(nodes[0].token)),
+        f"2. **Verify**: one forward of all {len(nodes)} nodes (the root and its drafts) over the full cache with "
+        "tree attention gave the target's distribution at every node.",
+        _accept_caption(nodes, acc, greedy, decode_one),
+        _kv_caption(m),
+        "",
+        TABLE_NOTE,
     ]
-    rows = []
-    for i, n in enumerate(nodes):
-        if i == 0:
-            why = "root: the last accepted token"
-        else:
-            parent = nodes[n.parent]
-            if parent.target_sample is None:
-                why = "not reached (an ancestor was rejected)"
-            elif parent.target_sample == n.token:
-                why = "accepted: the target drew this token at its parent"
-            else:
-                why = f"rejected: the target drew «{decode_one(parent.target_sample)}» at its parent"
-        rows.append([i, n.depth, decode_one(n.token), n.source, round(n.draft_prob, 3),
-                     None if n.target_prob is None else round(n.target_prob, 3),
-                     None if n.target_sample is None else decode_one(n.target_sample), why])
-    return "\n".join(lines), rows
+    cut = set(_accepted_path(nodes)[len(acc):])  # accepted, but past the run's token limit
+    return "\n".join(lines), [_node_row(i, n, nodes, decode_one, i in cut) for i, n in enumerate(nodes)]
 
+
+def _node_row(i: int, n: TreeNode, nodes: list[TreeNode], decode_one: DecodeOne, cut: bool) -> list:
+    if n.parent < 0:
+        why = "root: the last accepted token"
+    elif cut:
+        why = "accepted, but not emitted: the run's token limit came first"
+    else:
+        parent = nodes[n.parent]
+        if parent.target_sample is None:
+            why = "not reached (an ancestor was rejected)"
+        elif parent.target_sample == n.token:
+            why = "accepted: the target drew this token at its parent"
+        else:
+            why = f"rejected: the target drew «{decode_one(parent.target_sample)}» at its parent"
+    return [i, n.depth, decode_one(n.token), n.source, round(n.draft_prob, 3),
+            None if n.target_prob is None else round(n.target_prob, 3),
+            None if n.target_sample is None else decode_one(n.target_sample), why]
+
+
+# ---- updates by output name --------------------------------------------------------------------------------
 
 def text_update(trace: RunTrace, decode: Decode, greedy: bool, status: str) -> dict:
     """The cheap part of a live update: both panes' text and stats, the summary and the status line."""
     return {
-        "ar_text": ar_segments(trace.ar, decode), "ts_text": ts_segments(trace.tokenswift, decode),
+        "ar_text": pane_text(trace.ar, decode), "ts_text": pane_text(trace.tokenswift, decode),
         "ar_stats": pane_stats(trace.ar, trace.max_new_tokens),
         "ts_stats": pane_stats(trace.tokenswift, trace.max_new_tokens),
         "summary": summary(trace, greedy), "status": status,
     }
 
 
-def full_update(trace: RunTrace, decode: Decode, decode_one: Callable[[int], str], greedy: bool, status: str) -> dict:
+def full_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, greedy: bool, status: str) -> dict:
     """Everything the page shows for `trace`, keyed by output name (the layout maps names to components)."""
     out = text_update(trace, decode, greedy, status)
     tree, accepted, kv, repetition = all_plots(trace, decode_one)
     out.update(tree_plot=tree, accepted_plot=accepted, kv_plot=kv, repetition_plot=repetition,
-               distinct=distinct_line(trace))
+               distinct=distinct_line(trace), speed=speed_panel(trace))
     return out
 
 
-def step_update(trace: RunTrace, decode: Decode, decode_one: Callable[[int], str], greedy: bool, status: str) -> dict:
+def step_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, greedy: bool, status: str) -> dict:
     """After one classroom Step: the full update plus the step caption and the table of draft nodes."""
-    caption, rows = step_explanation(trace.tokenswift, decode_one)
+    caption, rows = step_explanation(trace.tokenswift, decode_one, trace.settings)
     out = full_update(trace, decode, decode_one, greedy, status)
     out.update(step_caption=caption, step_table=rows)
     if trace.ar.generated == 0:

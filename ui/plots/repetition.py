@@ -12,6 +12,12 @@ from .style import add_note, base_layout, placeholder_figure, rounded
 
 NGRAM_ORDERS = (1, 2, 3, 4)
 OVERLAP_COLORSCALE = "Viridis"
+# A "repeated span", for the panes and the plots alike: a verbatim copy of an earlier run of at least this
+# many tokens (about 8-9 words: common phrases stay unmarked, copied sentences do not).
+REPEAT_MIN_TOKENS = 12
+TARGET_CHUNKS = 20  # the heatmap's chunks per side, about (fewer for long runs, more below 500 tokens)
+MIN_CHUNK = 25  # tokens: a chunk still holds ~20 4-grams
+_NICE = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)  # chunk sizes are these x 10^k, so the axis reads well
 
 
 def _ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
@@ -27,6 +33,14 @@ def distinct_n(tokens: list[int], n: int) -> float:
 def distinct_all(tokens: list[int]) -> dict[int, float]:
     """Distinct-n for n = 1..4."""
     return {n: distinct_n(tokens, n) for n in NGRAM_ORDERS}
+
+
+def chunk_size_for(length: int) -> int:
+    """Chunk size for a run of `length` tokens: a round number >= MIN_CHUNK giving about TARGET_CHUNKS
+    chunks (300 tokens: 12 chunks of 25; 500: 20 of 25; 20,000: 20 of 1,000)."""
+    wanted = max(MIN_CHUNK, length / TARGET_CHUNKS)
+    scale = 10 ** math.floor(math.log10(wanted))
+    return next(round(m * scale) for m in (*_NICE, 10) if round(m * scale) >= wanted)
 
 
 def chunk_bounds(length: int, chunk_size: int, max_chunks: int = 40) -> list[tuple[int, int]]:
@@ -61,7 +75,7 @@ def chunk_overlap_matrix(tokens: list[int], chunk_size: int, n: int = 4, max_chu
     return matrix
 
 
-def repeated_spans(tokens: list[int], min_len: int = 8, lookback: int | None = None) -> list[tuple[int, int]]:
+def repeated_spans(tokens: list[int], min_len: int = REPEAT_MIN_TOKENS, lookback: int | None = None) -> list[tuple[int, int]]:
     """[start, end) spans of `tokens` that repeat verbatim an earlier occurrence of >= `min_len` tokens.
 
     The earlier occurrence starts before the span (it may overlap it, as in a loop) and, when `lookback`
@@ -104,11 +118,12 @@ def repeated_spans(tokens: list[int], min_len: int = 8, lookback: int | None = N
     return spans
 
 
-def repeated_fraction(tokens: list[int], min_len: int = 8) -> float:
-    """The share of tokens inside verbatim repeated spans."""
+def repeated_fraction(tokens: list[int], spans: list[tuple[int, int]] | None = None) -> float:
+    """The share of tokens inside verbatim repeated spans (`spans`: `repeated_spans(tokens)` if known)."""
     if not tokens:
         return 0.0
-    return sum(end - start for start, end in repeated_spans(tokens, min_len)) / len(tokens)
+    spans = repeated_spans(tokens) if spans is None else spans
+    return sum(end - start for start, end in spans) / len(tokens)
 
 
 def _panel_title(name: str, tokens: list[int]) -> str:
@@ -117,13 +132,14 @@ def _panel_title(name: str, tokens: list[int]) -> str:
     d = distinct_all(tokens)
     dist = " ".join(f"D{n} {d[n]:.2f}" for n in NGRAM_ORDERS)
     # three short lines: two panels' titles side by side must not run into each other on a narrow plot
-    return f"{name} ({len(tokens):,} tokens)<br>{dist}<br>repeats {repeated_fraction(tokens):.0%}"
+    return f"{name} ({len(tokens):,} tokens)<br>{dist}<br>repeated verbatim {repeated_fraction(tokens):.0%}"
 
 
-def repetition_figure(ar_tokens: list[int], ts_tokens: list[int], chunk_size: int = 256,
+def repetition_figure(ar_tokens: list[int], ts_tokens: list[int], chunk_size: int | None = None,
                       height: int = 420) -> go.Figure:
     """Two heatmaps (AR, TokenSwift) of chunk-by-chunk 4-gram overlap on a shared 0..1 colour scale,
-    with Distinct-1..4 and the share of verbatim repeats (spans of >= 8 tokens) in the titles."""
+    with Distinct-1..4 and the share of verbatim repeats (spans of >= REPEAT_MIN_TOKENS) in the titles.
+    `chunk_size` defaults to `chunk_size_for` the longer run, so both panels use the same chunks."""
     title = "Repetition: 4-gram overlap between chunks"
     subtitle = "cell (i, j): the share of chunk i's 4-grams that also occur in chunk j; bright off the diagonal = reuse"
     if not ar_tokens and not ts_tokens:
@@ -131,6 +147,7 @@ def repetition_figure(ar_tokens: list[int], ts_tokens: list[int], chunk_size: in
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=(_panel_title("AR", ar_tokens), _panel_title("TokenSwift", ts_tokens)))
     fig.update_annotations(font_size=11)
+    chunk_size = chunk_size or chunk_size_for(max(len(ar_tokens), len(ts_tokens)))
     for col, tokens in ((1, ar_tokens), (2, ts_tokens)):
         if not tokens:
             add_note(fig, "no tokens yet", row=1, col=col)

@@ -27,6 +27,7 @@ SOURCE_COLORS: dict[str, str] = {
     "ar": "#7a8ca3",  # plain autoregressive step
     "rejected": "#c8c8c8",
 }
+REPEAT_COLOR = "#d62728"  # verbatim repeated spans (the panes' underline; see repetition.REPEAT_MIN_TOKENS)
 # The partial KV cache's parts.
 CACHE_COLORS: dict[str, str] = {
     "full": "#4a5568",

@@ -91,6 +91,19 @@ def _group(node: TreeNode) -> str:
     return node.source
 
 
+def bonus_token(nodes: list[TreeNode], accepted_tokens: list[int]) -> tuple[int | None, bool]:
+    """The target's own token after the accepted path, and whether the step emitted it.
+
+    It is the target's sample at the deepest accepted node. A step cut short by the run's token limit
+    emits fewer tokens than the accepted path plus one: its last emitted token is then a drafted one, not
+    the bonus (which was drawn but not emitted)."""
+    path = [i for i, n in enumerate(nodes) if n.accepted and n.parent >= 0]
+    last = max(path, key=lambda i: nodes[i].depth) if path else 0  # node 0: the root
+    if len(accepted_tokens) > len(path):
+        return accepted_tokens[len(path)], True
+    return (nodes[last].target_sample if nodes else None), False
+
+
 _GROUP_NAMES = {"root": "root", "head1": "LM head (d1)", "head2": "head d2", "head3": "head d3",
                 "head4": "head d4", "ngram": "n-gram"}
 
@@ -110,7 +123,8 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
     children = {i: list(kids) for i, kids in enumerate(children_lists)}
     accepted_nodes = [i for i, n in enumerate(nodes) if n.accepted and i not in roots]
     last = max(accepted_nodes, key=lambda i: nodes[i].depth) if accepted_nodes else (roots[0] if roots else 0)
-    has_bonus = bool(accepted_tokens)
+    bonus, emitted = bonus_token(nodes, accepted_tokens)
+    has_bonus = bonus is not None
     if has_bonus:  # the bonus is the first child of the last accepted node, so it gets its own row
         children[last] = [BONUS] + children[last]
     y = _tidy_rows(roots, children)
@@ -168,22 +182,24 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
         ))
 
     if has_bonus:
-        bonus = accepted_tokens[-1]
         fig.add_trace(go.Scatter(x=[x[last], x[BONUS]], y=rounded([y[last], y[BONUS]], 2), mode="lines",
                                  line=dict(color=SOURCE_COLORS["bonus"], width=2, dash="dash"),
                                  hoverinfo="skip", showlegend=False, name="bonus edge", meta="bonus-edge"))
         fig.add_trace(go.Scatter(
             x=[x[BONUS]], y=rounded([y[BONUS]], 2), mode="markers+text", name="bonus (target sample)",
-            meta="bonus", marker=dict(symbol="star", size=18, color=SOURCE_COLORS["bonus"],
+            meta="bonus", marker=dict(symbol="star" if emitted else "star-open", size=18, color=SOURCE_COLORS["bonus"],
                                       line=dict(width=1, color="#111111")),
-            text=[_html(token_label(decode(bonus)))], textposition="middle right",
-            textfont=dict(size=11, color="#111111", weight="bold", shadow="auto"),
+            text=[_html(token_label(decode(bonus))) + ("" if emitted else " (not emitted)")],
+            textposition="middle right", textfont=dict(size=11, color="#111111", weight="bold", shadow="auto"),
             hovertext=[f"<b>{_html(token_label(decode(bonus), HOVER_CHARS))}</b>  id {bonus}<br>"
-                       f"bonus: the target's own sample after the accepted path"], hoverinfo="text",
+                       "bonus: the target's own sample after the accepted path" +
+                       ("" if emitted else "<br>not emitted: the run's token limit came first")], hoverinfo="text",
         ))
 
-    drafted_accepted = max(len(accepted_tokens) - 1, 0)
-    title = f"{title_prefix}: {len(nodes)} nodes, {drafted_accepted} accepted" + (" + bonus" if has_bonus else "")
+    drafted_accepted = len(accepted_nodes)
+    title = f"{title_prefix}: {len(nodes)} nodes, {drafted_accepted} accepted"
+    if has_bonus:
+        title += " + bonus" if emitted else f" (token limit: {len(accepted_tokens)} emitted, no bonus)"
     leaves = sum(1 for kids in children.values() if not kids)
     fig.update_layout(**base_layout(title, height or max(320, min(1400, 130 + 14 * leaves)), legend_rows=2))
     max_x = max(x.values())

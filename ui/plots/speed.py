@@ -1,0 +1,71 @@
+"""Where a TokenSwift iteration's time goes, from the run's own per-iteration records (pure functions).
+
+`MethodTrace.per_iteration_ms` holds [draft, verify, bookkeeping] ms per iteration (flattened) and
+`per_iteration_nodes` the drafted nodes each iteration verified (the root not counted).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from tokenswift.serve.trace import MethodTrace
+
+# Drafted-node buckets [lo, hi] of the verification cost table: doublings, as the cost grows ~linearly in q.
+NODE_BUCKETS = ((0, 0), (1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 65535))
+
+
+@dataclass(frozen=True)
+class Split:
+    """Mean milliseconds per iteration."""
+
+    draft: float
+    verify: float
+    bookkeeping: float
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.verify + self.bookkeeping
+
+
+@dataclass(frozen=True)
+class CostBucket:
+    label: str  # "3-4" drafted nodes
+    iterations: int
+    verify_ms: float  # median over the bucket's iterations
+
+
+def triples(m: MethodTrace) -> list[tuple[float, float, float]]:
+    """(draft, verify, bookkeeping) ms per iteration."""
+    ms = m.per_iteration_ms
+    return list(zip(ms[0::3], ms[1::3], ms[2::3]))
+
+
+def mean_split(m: MethodTrace) -> Split | None:
+    """Mean per-iteration split (None before any iteration)."""
+    rows = triples(m)
+    if not rows:
+        return None
+    n = len(rows)
+    return Split(*(sum(r[k] for r in rows) / n for k in range(3)))
+
+
+def step_ms(m: MethodTrace) -> float:
+    """Mean milliseconds of one iteration (for AR: one step) from the method's compute time."""
+    return 1e3 * m.compute_s / m.iterations if m.iterations else 0.0
+
+
+def verify_cost(m: MethodTrace) -> list[CostBucket]:
+    """Median verification ms by drafted-node bucket, over this run's iterations (empty buckets left out)."""
+    rows = triples(m)
+    out = []
+    for lo, hi in NODE_BUCKETS:
+        ms = [row[1] for nodes, row in zip(m.per_iteration_nodes, rows) if lo <= nodes <= hi]
+        if ms:
+            label = str(lo) if lo == hi else f"{lo}+" if hi >= 65535 else f"{lo}-{hi}"
+            out.append(CostBucket(label, len(ms), median(ms)))
+    return out
+
+
+def mean_nodes(m: MethodTrace) -> float:
+    nodes = m.per_iteration_nodes
+    return sum(nodes) / len(nodes) if nodes else 0.0
