@@ -10,8 +10,10 @@ from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
 from .controls import UI_DEFAULTS as D
 from .api import api_generate
 from .live import LiveApp
+from .plots import REPEAT_MIN_TOKENS
+from .presets import PRESETS
 from .render import SPEED_NOTE
-from .text import AR_COLORS, TS_COLORS
+from .text import legend_html, palette_css, placeholder_html
 
 INTRO = """# TokenSwift Live
 Lossless acceleration of long generation ([TokenSwift, ICML 2025](https://arxiv.org/abs/2502.18890)), running for
@@ -22,7 +24,8 @@ tokens the model itself would have produced."""
 # Run on page load (launch(js=...)): purge each plotly plot that Gradio drops, see the file.
 JS = (Path(__file__).with_name("plotly_purge.js")).read_text()
 
-CSS = (Path(__file__).with_name("style.css")).read_text()
+CSS = (Path(__file__).with_name("style.css")).read_text() + palette_css()
+PANE_PX = 420  # the panes' height; they scroll, following the text as it streams
 
 
 def build_demo(app: LiveApp) -> gr.Blocks:
@@ -63,19 +66,27 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["draft"] = gr.Radio(["paper", "fused"], value=D["draft"], label="Drafting",
                                           info="paper: a draft forward over the partial cache (the paper); fused: the heads read the verification pass (no draft forward; faster on a CPU)")
                 c["model"] = gr.Dropdown(app.models.names(), value=app.models.names()[0], label="Model")
+                with gr.Accordion("Case studies", open=True):
+                    gr.Markdown("Set the controls for a comparison, then press **Run**: same prompt, seed and "
+                                "sampling, only the contextual penalty differs.")
+                    preset_buttons = {name: gr.Button(name, size="sm", elem_classes=["preset"]) for name in PRESETS}
             with gr.Column(scale=3):
                 c["summary"] = gr.Markdown("", elem_id="summary")
-                with gr.Row():
+                gr.HTML(legend_html(REPEAT_MIN_TOKENS), elem_id="legend")
+                with gr.Row(equal_height=True):
                     with gr.Column():
                         c["ar_stats"] = gr.Markdown("**AR**", elem_classes=["pane-stats"], elem_id="ar-stats")
-                        c["ar_text"] = gr.HighlightedText(label="AR (repeated spans highlighted)", color_map=AR_COLORS,
-                                                          combine_adjacent=True, show_legend=True, elem_id="ar-text")
+                        c["ar_text"] = gr.HTML(placeholder_html("no tokens yet"), label="AR (repeats underlined)",
+                                               show_label=True, container=True, max_height=PANE_PX, autoscroll=True,
+                                               elem_classes=["pane"], elem_id="ar-text")
                     with gr.Column():
                         c["ts_stats"] = gr.Markdown("**TokenSwift**", elem_classes=["pane-stats"], elem_id="ts-stats")
-                        c["ts_text"] = gr.HighlightedText(label="TokenSwift (coloured by where each token came from)",
-                                                          color_map=TS_COLORS, combine_adjacent=True, show_legend=True,
-                                                          elem_id="ts-text")
+                        c["ts_text"] = gr.HTML(placeholder_html("no tokens yet"),
+                                               label="TokenSwift (tinted by where each token came from)",
+                                               show_label=True, container=True, max_height=PANE_PX, autoscroll=True,
+                                               elem_classes=["pane"], elem_id="ts-text")
                 gr.Markdown(SPEED_NOTE)
+                c["speed"] = gr.Markdown("", elem_id="speed")
                 with gr.Row():
                     c["tree_plot"] = gr.Plot(label="Draft tree", elem_id="tree-plot", show_label=False)
                     c["accepted_plot"] = gr.Plot(label="Accepted tokens per iteration", elem_id="accepted-plot", show_label=False)
@@ -91,7 +102,8 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["step_caption"] = gr.Markdown("Press **Step** to run exactly one TokenSwift iteration.",
                                                     elem_id="step-caption")
                     c["step_table"] = gr.Dataframe(
-                        headers=["node", "depth", "token", "source", "draft p", "target p", "target drew", "why"],
+                        headers=["node", "depth", "token", "source", "proposer score", "target p (full chain)",
+                                 "target drew", "why"],
                         label="Draft nodes: candidates, target samples and verdicts", interactive=False, wrap=True,
                         elem_id="step-table")
                 with gr.Row():
@@ -104,7 +116,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                          "window", "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "draft", "model"]
         inputs = [c[n] for n in control_names]
         view_names = ["ar_text", "ts_text", "ar_stats", "ts_stats", "summary", "status", "tree_plot", "accepted_plot",
-                      "kv_plot", "repetition_plot", "distinct", "step_caption", "step_table"]
+                      "kv_plot", "repetition_plot", "distinct", "speed", "step_caption", "step_table"]
         views = [c[n] for n in view_names]
 
         # No per-output progress overlays: their animations and timers keep the browser busy (measured),
@@ -117,6 +129,8 @@ def build_demo(app: LiveApp) -> gr.Blocks:
         c["export"].click(app.export, None, c["export_file"], api_visibility="private")
         c["replay_file"].upload(_by_name(app.replay, c), c["replay_file"], views, api_visibility="private")
         c["tree_show"].click(app.pick_tree, c["tree_pick"], c["tree_plot"], api_visibility="private")
+        for name, button in preset_buttons.items():
+            button.click(_setter(PRESETS[name], c), None, [c[k] for k in PRESETS[name]], api_visibility="private")
         demo.unload(app.close_session)
         _ = run_event
         gr.api(api_generate(app), api_name="generate", concurrency_limit=1, concurrency_id="engine")
@@ -137,3 +151,10 @@ def _by_name(fn: Callable, components: dict, streaming: bool = False) -> Callabl
     def call(request: gr.Request, *args):
         return convert(fn(*args, request=request))
     return call
+
+
+def _setter(values: dict, components: dict) -> Callable:
+    """A handler that sets the named controls to `values`."""
+    def apply() -> dict:
+        return {components[k]: v for k, v in values.items()}
+    return apply
