@@ -55,19 +55,20 @@ def finished_trace(tokens=60):
 
 def test_export_and_replay_round_trip(tmp_path):
     gen, trace = finished_trace()
-    path = write_trace_file(trace, gen.decode, "tiny")
-    loaded, data = load_trace_file(path)
-    assert data["model"] == "tiny" and data["identical_prefix"] == 60
+    path = write_trace_file(trace, gen.decode, "tiny", directory=tmp_path)
+    loaded, data = load_trace_file(path, vocab_size=256)
+    assert data["model"] == "tiny" and data["readable"]["identical_prefix"] == 60
     assert loaded.tokenswift.token_ids == trace.tokenswift.token_ids and loaded.ar.token_ids == trace.ar.token_ids
     assert loaded.tokenswift.length_hist == trace.tokenswift.length_hist
-    assert len(data["tokenswift"]["per_iteration"]["accepted"]) == trace.tokenswift.iterations
-    assert sum(data["tokenswift"]["per_iteration"]["accepted"]) == 60
+    assert len(data["methods"]["tokenswift"]["per_iteration"]["accepted"]) == trace.tokenswift.iterations
+    assert sum(data["methods"]["tokenswift"]["per_iteration"]["accepted"]) == 60
     assert [n.token for n in loaded.tokenswift.trees[-1][1]] == [n.token for n in trace.tokenswift.trees[-1][1]]
-    assert json.loads(json.dumps(trace_to_json(loaded, gen.decode, "tiny")))["ar"]["text"] == gen.decode(trace.ar.token_ids)
+    assert json.loads(json.dumps(trace_to_json(loaded, gen.decode, "tiny")))["readable"]["methods"]["ar"]["text"] == \
+        gen.decode(trace.ar.token_ids)
 
 
-@pytest.mark.parametrize("content,message", [("not json", "could not read"), ('{"format": "other"}', "not a TokenSwift"),
-                                             ('{"format": "tokenswift-live-trace/1"}', "incomplete")])
+@pytest.mark.parametrize("content,message", [("not json", "not valid JSON"), ('{"format": "other"}', "not a TokenSwift"),
+                                             ('{"format": "tokenswift-live-trace/1"}', "old format")])
 def test_bad_trace_files_are_refused_clearly(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)

@@ -1,96 +1,463 @@
-"""Export a run (both texts and the per-iteration trace) as JSON, and load one back for replay."""
+"""Trace files: a run exported as its Step event streams (plus the texts and a summary for people), and
+loaded back for replay by folding the same events through `RunTrace.add`.
+
+Export -> replay -> export gives the same bytes. Loading treats the file as hostile: its size is checked
+before it is read, the JSON is parsed with bounds (no Infinity/NaN, no huge numbers, no duplicate keys,
+no deep nesting), and every field is checked for type, range and consistency before anything is built;
+each refusal is one sentence in a `TraceFileError`, and nothing partial is ever returned.
+"""
 from __future__ import annotations
 
 import json
+import math
+import os
 import tempfile
-from dataclasses import asdict
+import time
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from tokenswift.events import TreeNode
+from tokenswift.kinds import DraftMode, KVMode, Method, Source
+from tokenswift.settings import Settings
 
-from .trace import MethodTrace, RunTrace, Series
+from .trace import CHANGE_COLUMNS, ITERATION_COLUMNS, NO_PARTIAL, TREES_KEPT, U32, U64, EventLog, RunTrace
 
-FORMAT = "tokenswift-live-trace/1"
+FORMAT = "tokenswift-live-trace/2"
+OLD_FORMATS = ("tokenswift-live-trace/1",)
+EXPORT_DIR = Path(tempfile.gettempdir()) / "tokenswift-exports"
+FILE_PREFIX = "tokenswift-run-"
+KEEP_FILES = 64  # newest export files kept in the export folder
+MAX_AGE_S = 3600.0  # export files older than this are removed
+MAX_FILE_BYTES = 32 * 2**20  # a 100K-token run (both panes) is about 13 MB
+MAX_TOKENS = 200_000  # prompt tokens, and new tokens per method
+MAX_TREE_NODES = 4096  # nodes of one kept draft tree
+MAX_TEXT = 1000  # characters of a model name, a setting or a plan
+MAX_NUMBER_DIGITS = 20  # 2**64 has 20
+MAX_SECONDS = 1e9
 
-
-def _series_dict(series: Series) -> dict[str, list[float]]:
-    return series.to_dict()
-
-
-def _method_dict(m: MethodTrace, decode: Callable[[list[int]], str]) -> dict[str, Any]:
-    return {
-        "method": m.method, "text": decode(m.token_ids), "token_ids": m.token_ids, "sources": m.sources,
-        "iterations": m.iterations, "compute_s": m.compute_s, "prefill_s": m.prefill_s,
-        "tokens_per_s": m.tokens_per_s, "mean_accepted": m.mean_accepted, "source_totals": m.source_totals,
-        "length_hist": {str(k): v for k, v in m.length_hist.items()},
-        "per_iteration": {"accepted": list(m.per_iteration_accepted), "draft_nodes": list(m.per_iteration_nodes),
-                          "ms_draft_verify_bookkeeping": [round(x, 4) for x in m.per_iteration_ms]},
-        "series": {name: _series_dict(getattr(m, name)) for name in
-                   ("accepted", "cache_len", "cache_mb", "partial_sink", "partial_selected", "partial_recent")},
-        "refresh_at": m.refresh_at, "held_runs": m.held_runs, "partial_budget": m.partial_budget,
-        "partial_mode": m.partial_mode, "cache_length": m.cache_length, "done": m.done,
-        "trees": [{"iteration": it, "nodes": [asdict(n) for n in nodes], "accepted_tokens": acc}
-                  for it, nodes, acc in m.trees],
-    }
+TOKEN_SOURCES = tuple(s for s in Source if s != Source.ROOT)
+NODE_SOURCES = tuple(s for s in Source if s not in (Source.BONUS, Source.AR))
+PARTIAL_MODES = (NO_PARTIAL, DraftMode.FUSED, *KVMode)
 
 
+class TraceFileError(ValueError):
+    """A trace file that cannot be replayed; the message is one sentence that says why."""
+
+
+# ---- export ------------------------------------------------------------------------------------------------
 def trace_to_json(trace: RunTrace, decode: Callable[[list[int]], str], model: str) -> dict[str, Any]:
-    return {"format": FORMAT, "model": model, "prompt_ids": trace.prompt_ids, "prompt": decode(trace.prompt_ids),
-            "settings": trace.settings, "max_new_tokens": trace.max_new_tokens, "speedup": trace.speedup,
-            "identical_prefix": trace.identical_prefix(),
-            "ar": _method_dict(trace.ar, decode), "tokenswift": _method_dict(trace.tokenswift, decode)}
+    """The file's content: the event streams (copied under the trace's lock) and, for people, the texts
+    and a summary; replay reads only the former."""
+    snap = trace.snapshot()
+    readable = snap["summary"]
+    readable["prompt"] = decode(snap["prompt_ids"])
+    for method, events in snap["methods"].items():
+        readable["methods"][method]["text"] = decode(events["tokens"]["ids"])
+    return {"format": FORMAT, "model": model, "prompt_ids": snap["prompt_ids"], "settings": snap["settings"],
+            "max_new_tokens": snap["max_new_tokens"], "methods": snap["methods"], "readable": readable}
 
 
-def write_trace_file(trace: RunTrace, decode: Callable[[list[int]], str], model: str) -> str:
-    data = trace_to_json(trace, decode, model)
-    handle = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="tokenswift-run-", delete=False, encoding="utf-8")
-    with handle:
-        json.dump(data, handle)
-    return handle.name
+def write_trace_file(trace: RunTrace, decode: Callable[[list[int]], str], model: str,
+                     directory: str | Path | None = None, keep: int = KEEP_FILES, max_age_s: float = MAX_AGE_S) -> str:
+    """Write the run to a new file in `directory` (default: EXPORT_DIR) and remove that folder's older
+    export files beyond the newest `keep` or older than `max_age_s`. Returns the new file's path."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (the file just written), not {keep}")
+    folder = Path(directory) if directory is not None else EXPORT_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    text = json.dumps(trace_to_json(trace, decode, model), separators=(",", ":"), allow_nan=False)
+    fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".json", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    remove_old_exports(folder, keep, max_age_s, keep_path=Path(name))
+    return name
 
 
-def _series_from(data: dict[str, list[float]]) -> Series:
-    s = Series()
-    for x, y in zip(data["x"], data["y"]):
-        s.append(x, y)
-    return s
+def remove_old_exports(folder: Path, keep: int, max_age_s: float, keep_path: Path | None = None) -> list[Path]:
+    """Remove export files beyond the newest `keep` or older than `max_age_s` (never `keep_path`)."""
+    now, spared = time.time(), keep_path.resolve() if keep_path is not None else None
+    dated = sorted(((mtime, path) for path in folder.glob(f"{FILE_PREFIX}*.json")
+                    if (mtime := _mtime(path)) is not None), reverse=True)
+    old = [path for rank, (mtime, path) in enumerate(dated)
+           if (rank >= keep or now - mtime > max_age_s) and path.resolve() != spared]
+    for path in old:
+        path.unlink(missing_ok=True)
+    return old
 
 
-def _method_from(d: dict[str, Any]) -> MethodTrace:
-    m = MethodTrace(d["method"])
-    m.token_ids, m.sources = list(d["token_ids"]), list(d["sources"])
-    if len(m.token_ids) != len(m.sources):
-        raise ValueError("token_ids and sources have different lengths")
-    m.iterations, m.compute_s, m.prefill_s = int(d["iterations"]), float(d["compute_s"]), float(d["prefill_s"])
-    m.source_totals = dict(d["source_totals"])
-    m.length_hist = {int(k): dict(v) for k, v in d["length_hist"].items()}
-    per = d.get("per_iteration", {})
-    m.per_iteration_accepted.extend(per.get("accepted", []))
-    m.per_iteration_nodes.extend(per.get("draft_nodes", []))
-    m.per_iteration_ms.extend(per.get("ms_draft_verify_bookkeeping", []))
-    for name, series in d["series"].items():
-        setattr(m, name, _series_from(series))
-    m.refresh_at, m.held_runs = list(d["refresh_at"]), [tuple(r) for r in d["held_runs"]]
-    m.partial_budget, m.partial_mode = int(d["partial_budget"]), d["partial_mode"]
-    m.cache_length, m.done = int(d["cache_length"]), bool(d["done"])
-    for t in d["trees"]:
-        m.trees.append((int(t["iteration"]), [TreeNode(**n) for n in t["nodes"]], list(t["accepted_tokens"])))
-    return m
-
-
-def load_trace_file(path: str | Path) -> tuple[RunTrace, dict[str, Any]]:
-    """Parse an exported run. Raises ValueError with a readable message on anything malformed."""
+def _mtime(path: Path) -> float | None:
+    """Modification time, or None for a file another export just removed."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"could not read the trace file: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"not a TokenSwift Live trace (expected format {FORMAT!r})")
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+# ---- replay ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplayLimits:
+    vocab_size: int | None = None  # token ids must be below it (None: below 2**32)
+    max_tokens: int = MAX_TOKENS
+    max_tree_nodes: int = MAX_TREE_NODES
+
+    @property
+    def top_id(self) -> int:
+        return U32 if self.vocab_size is None else self.vocab_size - 1
+
+
+def load_trace_file(path: str | Path, max_bytes: int = MAX_FILE_BYTES, vocab_size: int | None = None,
+                    max_tokens: int = MAX_TOKENS, max_tree_nodes: int = MAX_TREE_NODES) -> tuple[RunTrace, dict[str, Any]]:
+    """Check an exported run completely and rebuild its trace by folding its events. Returns the trace and
+    the file's (checked) content, whose "model" names the model it came from. Raises `TraceFileError`
+    (one sentence) on anything the file does wrong; the caller's state is untouched until this returns."""
+    data = parse_trace_json(_read(Path(path), max_bytes))
+    limits = ReplayLimits(vocab_size, max_tokens, max_tree_nodes)
+    logs = check_trace(data, limits)
+    return RunTrace.replay(data["prompt_ids"], data["settings"], data["max_new_tokens"], logs), data
+
+
+def _read(path: Path, max_bytes: int) -> str:
     try:
-        trace = RunTrace(list(data["prompt_ids"]), dict(data["settings"]), int(data["max_new_tokens"]))
-        trace.ar = _method_from(data["ar"])
-        trace.tokenswift = _method_from(data["tokenswift"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"the trace file is incomplete or damaged ({type(exc).__name__}: {exc})") from None
-    return trace, data
+        size = path.stat().st_size
+        if size > max_bytes:
+            _fail(f"The trace file is {size / 2**20:.1f} MiB; at most {max_bytes / 2**20:.1f} MiB can be replayed.")
+        with path.open("rb") as handle:
+            raw = handle.read(max_bytes + 1)
+    except OSError as exc:
+        _fail(f"The trace file could not be read ({exc.strerror or type(exc).__name__}).")
+    if len(raw) > max_bytes:
+        _fail(f"The trace file is larger than {max_bytes / 2**20:.1f} MiB, the most that can be replayed.")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _fail("The trace file is not UTF-8 text, so it is not a trace exported by this app.")
+
+
+def parse_trace_json(text: str) -> Any:
+    """JSON with bounds: numbers finite and at most MAX_NUMBER_DIGITS digits, no duplicate keys."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float,
+                          object_pairs_hook=_unique_keys)
+    except RecursionError:
+        _fail("The trace file nests lists or objects too deeply to be a trace exported by this app.")
+    except json.JSONDecodeError as exc:
+        _fail(f"The trace file is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).")
+
+
+def _no_constant(name: str) -> NoReturn:
+    _fail(f"The trace file contains {name}, which is not a number a trace can hold.")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_NUMBER_DIGITS:
+        _fail(f"The trace file contains a whole number of {len(text.lstrip('-'))} digits, more than a trace can hold.")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or len(text) > 40:
+        _fail(f"The trace file contains the number {text[:30]}, which is out of range.")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        _fail(f"The trace file has the key {_short(twice)} twice in one object.")
+    return out
+
+
+def check_trace(data: Any, limits: ReplayLimits) -> dict[Method, EventLog]:
+    """Check a parsed trace file completely; returns each method's event log, ready to fold."""
+    if type(data) is not dict:
+        _fail("The file is not a TokenSwift Live trace (its top level is not a JSON object).")
+    fmt = data.get("format")
+    if fmt in OLD_FORMATS:
+        _fail(f"This trace has the old format {fmt!r}, which replay no longer reads; export the run again "
+              f"with this version of the app.")
+    if fmt != FORMAT:
+        _fail(f"The file is not a TokenSwift Live trace (expected format {FORMAT!r}, found {_short(fmt)}).")
+    _object(data, "the file", ("format", "model", "prompt_ids", "settings", "max_new_tokens", "methods", "readable"))
+    _text(data["model"], "model", MAX_TEXT)
+    _ids(data["prompt_ids"], "prompt_ids", limits)
+    _settings(data["settings"])
+    max_new = _int(data["max_new_tokens"], "max_new_tokens", 1, limits.max_tokens)
+    methods = _object(data["methods"], "methods", tuple(Method))
+    logs = {m: _check_log(methods[m], f"methods.{m}", limits, max_new) for m in Method}
+    _readable(data["readable"])
+    return logs
+
+
+def _settings(value: Any) -> None:
+    defaults = {f.name: f.default for f in fields(Settings)}
+    settings = _object(value, "settings", (), tuple(defaults))
+    for name, setting in settings.items():
+        _setting(setting, f"settings.{name}", defaults[name])
+
+
+def _setting(value: Any, where: str, default: Any) -> None:
+    """A setting of the default's kind (a number for numbers, true/false for flags, text for names)."""
+    if isinstance(default, bool):
+        _bool(value, where)
+    elif isinstance(default, str):
+        _text(value, where, MAX_TEXT)
+    elif isinstance(default, int) or (default is None and value is not None):
+        _int(value, where, 0, U32)
+    elif isinstance(default, float):
+        _number(value, where, -MAX_SECONDS, MAX_SECONDS)
+
+
+def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> EventLog:
+    log = _object(value, where, ("tokens", "per_iteration", "changes", "refreshed_at", "trees", "plans", "held", "done"))
+    tokens = _object(log["tokens"], f"{where}.tokens", ("ids", "sources", "depths"))
+    ids = _ids(tokens["ids"], f"{where}.tokens.ids", limits)
+    if len(ids) > max_new:
+        _fail(f"In the trace file, {where} has {len(ids):,} tokens but max_new_tokens is {max_new:,}.")
+    _same_length(tokens["sources"], ids, f"{where}.tokens.sources", "tokens")
+    _choices(tokens["sources"], f"{where}.tokens.sources", TOKEN_SOURCES)
+    _same_length(tokens["depths"], ids, f"{where}.tokens.depths", "tokens")
+    _ints(tokens["depths"], f"{where}.tokens.depths", 0, limits.max_tree_nodes)
+    per = _object(log["per_iteration"], f"{where}.per_iteration", tuple(ITERATION_COLUMNS))
+    accepted = _list(per["accepted"], f"{where}.per_iteration.accepted", limits.max_tokens)
+    _ints(accepted, f"{where}.per_iteration.accepted", 0, limits.max_tree_nodes + 1)
+    if sum(accepted) != len(ids):
+        _fail(f"In the trace file, the accepted lengths of {where}.per_iteration add up to {sum(accepted):,} "
+              f"but there are {len(ids):,} tokens.")
+    n = len(accepted)
+    for name, code in ITERATION_COLUMNS.items():
+        column, at = per[name], f"{where}.per_iteration.{name}"
+        _same_length(column, accepted, at, "iterations")
+        if code == "d":
+            _numbers(column, at, 0.0, MAX_SECONDS)
+        else:
+            _ints(column, at, 0, _column_top(name, code, limits))
+    changes = _object(log["changes"], f"{where}.changes", CHANGE_COLUMNS)
+    for name in CHANGE_COLUMNS:
+        _changes(changes[name], f"{where}.changes.{name}", n, _CHANGE_CHECKS[name])
+    _iterations(log["refreshed_at"], f"{where}.refreshed_at", n, n)
+    trees = _pairs(log["trees"], f"{where}.trees", n, TREES_KEPT)
+    for k, (_, nodes) in enumerate(trees):
+        _tree(nodes, f"{where}.trees[{k}]", limits)
+    plans = _pairs(log["plans"], f"{where}.plans", n, TREES_KEPT)
+    for k, (_, plan) in enumerate(plans):
+        _text(plan, f"{where}.plans[{k}]", MAX_TEXT, empty=False)
+    if log["held"] is not None:
+        _held(log["held"], f"{where}.held", n, limits)
+    _bool(log["done"], f"{where}.done")
+    return EventLog.from_json(log)
+
+
+def _column_top(name: str, code: str, limits: ReplayLimits) -> int:
+    if name == "accepted":
+        return limits.max_tree_nodes + 1
+    if name == "draft_nodes":
+        return limits.max_tree_nodes
+    return U64 if code == "Q" else U32
+
+
+def _changes(value: Any, where: str, iterations: int, check: Callable[[Any, str], Any]) -> None:
+    """[iteration, value] where the value changes: from iteration 0 when there are iterations."""
+    points = _pairs(value, where, iterations, iterations)
+    if iterations and (not points or points[0][0] != 0):
+        _fail(f"In the trace file, {where} must start at iteration 0.")
+    for k, (_, v) in enumerate(points):
+        check(v, f"{where}[{k}]")
+        if k and v == points[k - 1][1]:
+            _fail(f"In the trace file, {where}[{k}] repeats the value before it.")
+
+
+_CHANGE_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "prefill_s": lambda v, where: _number(v, where, 0.0, MAX_SECONDS),
+    "cache_capacity": lambda v, where: _int(v, where, 0, U32),
+    "partial_mode": lambda v, where: _choice(v, where, PARTIAL_MODES),
+    "partial_budget": lambda v, where: _int(v, where, 0, U32),
+    "refreshes": lambda v, where: _int(v, where, 0, U32),
+}
+
+
+def _pairs(value: Any, where: str, iterations: int, max_len: int) -> list[list[Any]]:
+    """[[iteration, value], ...] with iterations increasing and below `iterations`."""
+    items = _list(value, where, max_len)
+    for k, item in enumerate(items):
+        _pair(item, f"{where}[{k}]")
+    _iterations([item[0] for item in items], where, iterations, max_len)
+    return items
+
+
+def _iterations(value: Any, where: str, iterations: int, max_len: int) -> list[int]:
+    items = _list(value, where, max_len)
+    _ints(items, where, 0, max(iterations - 1, 0))
+    if iterations == 0 and items:
+        _fail(f"In the trace file, {where} names an iteration, but there are no iterations.")
+    for k in range(1, len(items)):
+        if items[k] <= items[k - 1]:
+            _fail(f"In the trace file, {where} must name iterations in increasing order (iteration {items[k]} follows {items[k - 1]}).")
+    return items
+
+
+NODE_KEYS = tuple(f.name for f in fields(TreeNode))
+
+
+def _tree(nodes: Any, where: str, limits: ReplayLimits) -> None:
+    items = _list(nodes, f"{where} nodes", limits.max_tree_nodes)
+    if not items:
+        _fail(f"In the trace file, {where} is an empty draft tree.")
+    for k, node in enumerate(items):
+        at = f"{where} node {k}"
+        _object(node, at, NODE_KEYS)
+        _int(node["token"], f"{at} token", 0, limits.top_id)
+        _int(node["parent"], f"{at} parent", -1, k - 1)
+        _int(node["depth"], f"{at} depth", 0, limits.max_tree_nodes)
+        _choice(node["source"], f"{at} source", NODE_SOURCES)
+        _number(node["draft_prob"], f"{at} draft_prob", 0.0, 1.0 + 1e-6)
+        _bool(node["accepted"], f"{at} accepted")
+        if node["target_prob"] is not None:
+            _number(node["target_prob"], f"{at} target_prob", 0.0, 1.0 + 1e-6)
+        if node["target_sample"] is not None:
+            _int(node["target_sample"], f"{at} target_sample", 0, limits.top_id)
+
+
+def _held(value: Any, where: str, iterations: int, limits: ReplayLimits) -> None:
+    """[iteration, [[start, end], ...]]: the held positions the latest report gave."""
+    iteration, runs = _pair(value, where)
+    _iterations([iteration], where, iterations, 1)
+    for k, run in enumerate(_list(runs, f"{where} runs", limits.max_tokens)):
+        start, end = _pair(run, f"{where} run {k}")
+        _int(start, f"{where} run {k} start", 0, U32)
+        _int(end, f"{where} run {k} end", start + 1, U32)
+
+
+def _readable(value: Any) -> None:
+    """The part for people: checked for shape only (replay derives it again from the events)."""
+    readable = _object(value, "readable", ("speedup", "identical_prefix", "methods", "prompt"))
+    _number(readable["speedup"], "readable.speedup", 0.0, math.inf)
+    _int(readable["identical_prefix"], "readable.identical_prefix", 0, U32)
+    _text(readable["prompt"], "readable.prompt", math.inf)
+    methods = _object(readable["methods"], "readable.methods", tuple(Method))
+    for m in Method:
+        where = f"readable.methods.{m}"
+        summary = _object(methods[m], where, ("generated", "iterations", "tokens_per_s", "mean_accepted", "compute_s",
+                                              "prefill_s", "text"))
+        for key in ("generated", "iterations"):
+            _int(summary[key], f"{where}.{key}", 0, U32)
+        for key in ("tokens_per_s", "mean_accepted", "compute_s", "prefill_s"):
+            _number(summary[key], f"{where}.{key}", 0.0, math.inf)
+        _text(summary["text"], f"{where}.text", math.inf)
+
+
+# ---- primitives: each refusal is one sentence naming where in the file -------------------------------------
+def _fail(message: str) -> NoReturn:
+    raise TraceFileError(message)
+
+
+def _kind(value: Any) -> str:
+    kinds = {dict: "an object", list: "a list", str: "text", bool: "true/false", int: "a whole number",
+             float: "a number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _object(value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    if type(value) is not dict:
+        _fail(f"In the trace file, {where} must be an object, not {_kind(value)}.")
+    unknown = [k for k in value if k not in required and k not in optional]
+    if unknown:
+        _fail(f"In the trace file, {where} has the unknown key {_short(unknown[0])}.")
+    missing = [k for k in required if k not in value]
+    if missing:
+        _fail(f"In the trace file, {where} lacks the key {missing[0]!r}.")
+    return value
+
+
+def _list(value: Any, where: str, max_len: int) -> list[Any]:
+    if type(value) is not list:
+        _fail(f"In the trace file, {where} must be a list, not {_kind(value)}.")
+    if len(value) > max_len:
+        _fail(f"In the trace file, {where} has {len(value):,} entries; at most {max_len:,} are allowed.")
+    return value
+
+
+def _same_length(value: Any, other: list[Any], where: str, what: str) -> None:
+    items = _list(value, where, len(other))
+    if len(items) != len(other):
+        _fail(f"In the trace file, {where} has {len(items):,} entries for {len(other):,} {what}.")
+
+
+def _int(value: Any, where: str, low: int, high: int) -> int:
+    if type(value) is not int:
+        _fail(f"In the trace file, {where} must be a whole number, not {_kind(value)}.")
+    if not low <= value <= high:
+        _fail(f"In the trace file, {where} is {value:,}; it must be from {low:,} to {high:,}.")
+    return value
+
+
+def _ints(items: list[Any], where: str, low: int, high: int) -> None:
+    """Whole numbers from low to high (the first bad one is named)."""
+    if all(type(v) is int for v in items) and (not items or (low <= min(items) and max(items) <= high)):
+        return
+    k = next(k for k, v in enumerate(items) if type(v) is not int or not low <= v <= high)
+    _int(items[k], f"{where}[{k}]", low, high)
+
+
+def _ids(value: Any, where: str, limits: ReplayLimits) -> list[int]:
+    items = _list(value, where, limits.max_tokens)
+    _ints(items, where, 0, limits.top_id)
+    return items
+
+
+def _number(value: Any, where: str, low: float, high: float) -> float:
+    if type(value) not in (int, float):
+        _fail(f"In the trace file, {where} must be a number, not {_kind(value)}.")
+    if not low <= value <= high:
+        _fail(f"In the trace file, {where} is {value}; it must be from {low} to {high}.")
+    return value
+
+
+def _numbers(items: list[Any], where: str, low: float, high: float) -> None:
+    for k, v in enumerate(items):
+        if type(v) not in (int, float) or not low <= v <= high:
+            _number(v, f"{where}[{k}]", low, high)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if type(value) is not bool:
+        _fail(f"In the trace file, {where} must be true or false, not {_kind(value)}.")
+    return value
+
+
+def _text(value: Any, where: str, max_len: float, empty: bool = True) -> str:
+    if type(value) is not str:
+        _fail(f"In the trace file, {where} must be text, not {_kind(value)}.")
+    if len(value) > max_len:
+        _fail(f"In the trace file, {where} is longer than {max_len:,} characters.")
+    if not empty and not value:
+        _fail(f"In the trace file, {where} is empty.")
+    return value
+
+
+def _pair(value: Any, where: str) -> list[Any]:
+    items = _list(value, where, 2)
+    if len(items) != 2:
+        _fail(f"In the trace file, {where} must be a pair of two values.")
+    return items
+
+
+def _choice(value: Any, where: str, options: tuple[str, ...]) -> str:
+    if type(value) is not str or value not in options:
+        _fail(f"In the trace file, {where} is {_short(value)}; it must be one of {', '.join(map(str, options))}.")
+    return value
+
+
+def _choices(items: list[Any], where: str, options: tuple[str, ...]) -> None:
+    allowed = {str(o) for o in options}
+    for k, v in enumerate(items):
+        if type(v) is not str or v not in allowed:
+            _choice(v, f"{where}[{k}]", options)

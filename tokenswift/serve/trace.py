@@ -1,22 +1,38 @@
-"""What a run leaves behind, built only from the engine's Step events, with bounded memory.
+"""What a run leaves behind: a fold over the engine's Step events, with bounded memory.
 
-A `RunTrace` holds one `MethodTrace` per pane (AR and TokenSwift). Per-iteration series go through a
-`Series` that halves its resolution whenever it grows past a cap, so a 100K-token run keeps at most a
-few thousand points per series; the full token ids are kept (needed for the text and the repetition
-plots), and only the most recent draft trees.
+A `RunTrace` holds one `MethodTrace` per pane (AR and TokenSwift). Each `MethodTrace.add(step)` does two
+things: it appends the step to the method's `EventLog` (the compact event stream: the tokens with their
+sources and depths, and per iteration a few tens of bytes: accepted length, drafted nodes, timings, cache
+state; draft trees, plans and held positions only for recent iterations), and it updates what the panes
+and plots read (totals, histograms, and `Series` that halve their resolution past a cap, so a 100K-token
+run keeps at most a few thousand points per series). Export writes the event streams; replay rebuilds
+the Step events from them (`EventLog.steps`) and folds them through the same `add`.
 """
 from __future__ import annotations
 
+import threading
 from array import array
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
 
-from tokenswift.events import Step
+from tokenswift.events import AcceptedToken, CacheState, Step, Timings, TreeNode
 from tokenswift.kinds import DRAFTED, Method, Source
 
 SERIES_CAP = 2048
-TREES_KEPT = 32
+TREES_KEPT = 32  # draft trees (and auto's plans) kept for the most recent iterations
+NO_PARTIAL = "none"  # CacheState.partial_mode of a run without a partial cache (AR)
+U16, U32, U64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
+
+# One value per iteration: name -> array type code. The timings are whole microseconds, so that what
+# export writes is exactly what replay records again.
+ITERATION_COLUMNS = {
+    "accepted": "I", "draft_nodes": "I", "draft_us": "I", "verify_us": "I", "bookkeeping_us": "I",
+    "elapsed_s": "d", "cache_length": "I", "cache_bytes": "Q",
+    "partial_sink": "I", "partial_selected": "I", "partial_recent": "I",
+}
+# Values that rarely change within a run, kept as [iteration, value] where they change.
+CHANGE_COLUMNS = ("prefill_s", "cache_capacity", "partial_mode", "partial_budget", "refreshes")
 
 
 class Series:
@@ -61,13 +77,140 @@ class Series:
 
 
 @dataclass
-class MethodTrace:
-    """Everything the panes and plots need about one method's run."""
+class Changes:
+    """A per-iteration value that rarely changes, kept as (iteration, value) at each change."""
 
-    method: str
+    points: list[tuple[int, Any]] = field(default_factory=list)
+
+    def note(self, iteration: int, value: Any) -> None:
+        if not self.points or self.points[-1][1] != value:
+            self.points.append((iteration, value))
+
+    def expand(self, iterations: int) -> Iterator[Any]:
+        """The value at each of the first `iterations` iterations (points start at iteration 0)."""
+        for k, (start, value) in enumerate(self.points):
+            end = self.points[k + 1][0] if k + 1 < len(self.points) else iterations
+            for _ in range(start, end):
+                yield value
+
+
+def _us(seconds: float) -> int:
+    return min(max(round(seconds * 1e6), 0), U32)
+
+
+@dataclass
+class EventLog:
+    """One method's Step events, compacted: everything replay needs to rebuild them. Per token: the id,
+    its source and its depth; per iteration: `ITERATION_COLUMNS` (about 50 bytes), `CHANGE_COLUMNS` where
+    they change, and the iterations that refreshed the partial cache; draft trees and plans for the last
+    `TREES_KEPT` iterations that had one; the latest held positions; whether the last step ended the run."""
+
     token_ids: list[int] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)  # per token: head / ngram / bonus / ar
-    iterations: int = 0
+    sources: list[str] = field(default_factory=list)
+    depths: array = field(default_factory=lambda: array("H"))
+    columns: dict[str, array] = field(default_factory=lambda: {k: array(t) for k, t in ITERATION_COLUMNS.items()})
+    changes: dict[str, Changes] = field(default_factory=lambda: {k: Changes() for k in CHANGE_COLUMNS})
+    refreshed_at: array = field(default_factory=lambda: array("I"))  # iterations whose step refreshed the cache
+    trees: deque = field(default_factory=lambda: deque(maxlen=TREES_KEPT))  # (iteration, [TreeNode])
+    plans: deque = field(default_factory=lambda: deque(maxlen=TREES_KEPT))  # (iteration, plan)
+    held: tuple[int, list[tuple[int, int]]] | None = None  # (iteration, [start, end) runs) of the latest report
+    done: bool = False
+
+    @property
+    def iterations(self) -> int:
+        return len(self.columns["accepted"])
+
+    def record(self, step: Step) -> None:
+        i = self.iterations
+        for tok in step.tokens:
+            self.token_ids.append(tok.token)
+            self.sources.append(tok.source)
+            self.depths.append(min(tok.depth, U16))
+        t, c = step.timings, step.cache
+        row = {"accepted": len(step.tokens), "draft_nodes": step.draft_nodes, "draft_us": _us(t.draft_s),
+               "verify_us": _us(t.verify_s), "bookkeeping_us": _us(t.bookkeeping_s), "elapsed_s": step.elapsed_s,
+               "cache_length": c.length, "cache_bytes": c.bytes, "partial_sink": c.partial_sink,
+               "partial_selected": c.partial_selected, "partial_recent": c.partial_recent}
+        for name, value in row.items():
+            column = self.columns[name]
+            column.append(value if column.typecode == "d" else min(value, U64 if column.typecode == "Q" else U32))
+        changed = {"prefill_s": step.prefill_s, "cache_capacity": c.capacity, "partial_mode": str(c.partial_mode),
+                   "partial_budget": c.partial_budget, "refreshes": c.refreshes}
+        for name, value in changed.items():
+            self.changes[name].note(i, value)
+        if c.refreshed:
+            self.refreshed_at.append(i)
+        if step.tree:
+            self.trees.append((i, step.tree))
+        if step.plan:
+            self.plans.append((i, step.plan))
+        if c.held_positions is not None:
+            self.held = (i, list(c.held_positions))
+        self.done = step.done
+
+    def steps(self, method: str) -> Iterator[Step]:
+        """The Step events again (trees, plans and held positions only where kept; timings to the µs)."""
+        cols, n = self.columns, self.iterations
+        trees, plans, refreshed = dict(self.trees), dict(self.plans), set(self.refreshed_at)
+        held_at, held = self.held if self.held is not None else (-1, None)
+        changing = {name: self.changes[name].expand(n) for name in CHANGE_COLUMNS}
+        start = 0
+        for i in range(n):
+            end = start + cols["accepted"][i]
+            tokens = [AcceptedToken(self.token_ids[j], Source(self.sources[j]), self.depths[j]) for j in range(start, end)]
+            now = {name: next(values) for name, values in changing.items()}
+            cache = CacheState(cols["cache_length"][i], now["cache_capacity"], cols["cache_bytes"][i], now["partial_mode"],
+                               now["partial_budget"], cols["partial_sink"][i], cols["partial_selected"][i],
+                               cols["partial_recent"][i], i in refreshed, now["refreshes"],
+                               list(held) if i == held_at else None)
+            timings = Timings(cols["draft_us"][i] / 1e6, cols["verify_us"][i] / 1e6, cols["bookkeeping_us"][i] / 1e6)
+            yield Step(i, method, tokens, cache, timings, end, cols["elapsed_s"][i], now["prefill_s"],
+                       list(trees.get(i, [])), self.done and i == n - 1, cols["draft_nodes"][i], plans.get(i, ""))
+            start = end
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready copies (the file format's per-method part; `from_json` reads it back)."""
+        return {
+            "tokens": {"ids": list(self.token_ids), "sources": [str(s) for s in self.sources], "depths": list(self.depths)},
+            "per_iteration": {name: list(column) for name, column in self.columns.items()},
+            "changes": {name: [list(p) for p in self.changes[name].points] for name in CHANGE_COLUMNS},
+            "refreshed_at": list(self.refreshed_at),
+            "trees": [[i, [asdict(node) for node in nodes]] for i, nodes in self.trees],
+            "plans": [[i, plan] for i, plan in self.plans],
+            "held": None if self.held is None else [self.held[0], [list(r) for r in self.held[1]]],
+            "done": self.done,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EventLog:
+        """The inverse of `to_json`, for data already checked (see `tokenswift.serve.export`)."""
+        log = cls()
+        tokens = data["tokens"]
+        log.token_ids, log.sources = list(tokens["ids"]), [Source(s) for s in tokens["sources"]]
+        log.depths.extend(tokens["depths"])
+        for name, values in data["per_iteration"].items():
+            log.columns[name].extend(values)
+        for name, points in data["changes"].items():
+            log.changes[name].points = [(i, value) for i, value in points]
+        log.refreshed_at.extend(data["refreshed_at"])
+        log.trees.extend((i, [_node(n) for n in nodes]) for i, nodes in data["trees"])
+        log.plans.extend((i, plan) for i, plan in data["plans"])
+        if data["held"] is not None:
+            log.held = (data["held"][0], [(s, e) for s, e in data["held"][1]])
+        log.done = data["done"]
+        return log
+
+
+def _node(data: dict[str, Any]) -> TreeNode:
+    return TreeNode(**{**data, "source": Source(data["source"])})
+
+
+@dataclass
+class MethodTrace:
+    """Everything the panes and plots need about one method's run, and its event stream (`events`)."""
+
+    method: str  # a Method
+    events: EventLog = field(default_factory=EventLog)
     compute_s: float = 0.0  # the method's own compute time (prefill excluded)
     prefill_s: float = 0.0
     source_totals: dict[str, int] = field(default_factory=dict)
@@ -81,15 +224,40 @@ class MethodTrace:
     refresh_at: list[int] = field(default_factory=list)  # generated-token counts where the partial cache refreshed
     held_runs: list[tuple[int, int]] = field(default_factory=list)  # sink + selected runs at the last refresh
     partial_budget: int = 0
-    partial_mode: str = "none"
+    partial_mode: str = NO_PARTIAL
     cache_length: int = 0
     trees: deque = field(default_factory=lambda: deque(maxlen=TREES_KEPT))  # (iteration, [TreeNode], [accepted])
     done: bool = False
     plan: str = ""  # tree="auto": the latest iteration's chosen tree and why
-    # compact per-iteration records for export (a few bytes per iteration)
-    per_iteration_accepted: array = field(default_factory=lambda: array("H"))
-    per_iteration_nodes: array = field(default_factory=lambda: array("H"))
-    per_iteration_ms: array = field(default_factory=lambda: array("f"))  # draft, verify, bookkeeping per iteration
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.events.token_ids
+
+    @property
+    def sources(self) -> list[str]:  # per token: a Source (head / ngram / bonus / ar)
+        return self.events.sources
+
+    @property
+    def iterations(self) -> int:
+        return self.events.iterations
+
+    @property
+    def per_iteration_accepted(self) -> array:
+        return self.events.columns["accepted"]
+
+    @property
+    def per_iteration_nodes(self) -> array:
+        return self.events.columns["draft_nodes"]
+
+    @property
+    def per_iteration_ms(self) -> array:
+        """Draft, verify and bookkeeping milliseconds of each iteration, one after the other."""
+        cols = self.events.columns
+        out = array("f")
+        for times in zip(cols["draft_us"], cols["verify_us"], cols["bookkeeping_us"]):
+            out.extend(t / 1e3 for t in times)
+        return out
 
     @property
     def generated(self) -> int:
@@ -104,11 +272,9 @@ class MethodTrace:
         return self.generated / self.iterations if self.iterations else 0.0
 
     def add(self, step: Step) -> None:
+        self.events.record(step)
         for tok in step.tokens:
-            self.token_ids.append(tok.token)
-            self.sources.append(tok.source)
             self.source_totals[tok.source] = self.source_totals.get(tok.source, 0) + 1
-        self.iterations += 1
         self.compute_s = step.elapsed_s
         self.prefill_s = step.prefill_s
         n = step.accepted_length
@@ -116,12 +282,8 @@ class MethodTrace:
         hist = self.length_hist.setdefault(n, {})
         hist[main] = hist.get(main, 0) + 1
         self.accepted.append(step.index, n)
-        self.per_iteration_accepted.append(min(n, 65535))
-        self.per_iteration_nodes.append(min(step.draft_nodes, 65535))
         if step.plan:
             self.plan = step.plan
-        t = step.timings
-        self.per_iteration_ms.extend((t.draft_s * 1e3, t.verify_s * 1e3, t.bookkeeping_s * 1e3))
         c = step.cache
         self.cache_length = c.length
         self.cache_len.append(step.generated, c.length)
@@ -138,7 +300,7 @@ class MethodTrace:
         if c.held_positions is not None:
             self.held_runs = list(c.held_positions)
         if step.tree:
-            self.trees.append((step.index, list(step.tree), [t.token for t in step.tokens]))
+            self.trees.append((step.index, step.tree, [t.token for t in step.tokens]))
         self.done = step.done
 
     def partial_recent_now(self) -> int:
@@ -156,19 +318,47 @@ def _main_source(step: Step) -> str:
 
 @dataclass
 class RunTrace:
-    """Both panes of one run, plus what produced it."""
+    """Both panes of one run, plus what produced it. `add` and `snapshot` hold one lock, so a snapshot
+    (export) taken while the run is still adding events sees whole steps only."""
 
     prompt_ids: list[int]
     settings: dict[str, Any]
     max_new_tokens: int
     ar: MethodTrace = field(default_factory=lambda: MethodTrace(Method.AR))
     tokenswift: MethodTrace = field(default_factory=lambda: MethodTrace(Method.TOKENSWIFT))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def pane(self, method: str) -> MethodTrace:
         return self.ar if method == Method.AR else self.tokenswift
 
     def add(self, step: Step) -> None:
-        self.pane(step.method).add(step)
+        with self._lock:
+            self.pane(step.method).add(step)
+
+    @classmethod
+    def replay(cls, prompt_ids: list[int], settings: dict[str, Any], max_new_tokens: int,
+               logs: dict[Method, EventLog]) -> RunTrace:
+        """A trace rebuilt by folding each method's logged events through `add`."""
+        trace = cls(prompt_ids, settings, max_new_tokens)
+        for method, log in logs.items():
+            for step in log.steps(method):
+                trace.add(step)
+        return trace
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-ready copies taken under the lock: what produced the run, each method's event stream, and
+        a summary derived from them for people reading the file (replay ignores it)."""
+        with self._lock:
+            return {"prompt_ids": list(self.prompt_ids), "settings": dict(self.settings),
+                    "max_new_tokens": self.max_new_tokens,
+                    "methods": {m: self.pane(m).events.to_json() for m in Method},
+                    "summary": self._summary()}
+
+    def _summary(self) -> dict[str, Any]:
+        per_method = {m: {"generated": p.generated, "iterations": p.iterations, "tokens_per_s": p.tokens_per_s,
+                          "mean_accepted": p.mean_accepted, "compute_s": p.compute_s, "prefill_s": p.prefill_s}
+                      for m, p in ((m, self.pane(m)) for m in Method)}
+        return {"speedup": self.speedup, "identical_prefix": self.identical_prefix(), "methods": per_method}
 
     @property
     def speedup(self) -> float:
@@ -183,4 +373,3 @@ class RunTrace:
                 break
             n += 1
         return n
-
