@@ -1,50 +1,76 @@
-"""Command line: `python -m tokenswift generate ...` (and `train-heads`, see `python -m tokenswift -h`)."""
+"""Command line: `python -m tokenswift generate ...` (and `train-heads`, see `python -m tokenswift -h`).
+
+Every `Settings` field is a flag of `generate` (`kv_budget` -> `--kv-budget`; true/false fields as
+`--stop-at-eos` / `--no-stop-at-eos`), with the dataclass's defaults and descriptions. Values are checked by
+`tokenswift.validate`; a refusal, like any usage error, prints one line `error: ...` and exits with status 2.
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .kinds import Method
+from .settings import Settings
 from .tree import AUTO
+from .validate import check_generation, validate_seed, validate_settings
+
+# Where the command line's default differs from the dataclass's: it drafts with the cost-aware tree, the
+# fastest choice on CPUs (measured); the library keeps the paper's tree.
+CLI_DEFAULTS: dict[str, Any] = {"tree": AUTO}
 
 
-def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling and drafting (defaults: greedy, cost-aware tree)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--eta", type=float, default=0.0)
-    g.add_argument("--penalty", type=float, default=1.0, help="contextual penalty theta (1.0 = off; paper: 1.2)")
-    g.add_argument("--penalty-window", type=int, default=1024)
-    g.add_argument("--no-ngram-reuse", action="store_true", help="turn token reuse off")
-    g.add_argument("--ngram-topk", type=int, default=20)
-    g.add_argument("--tree", default=AUTO, help="auto (cost-aware, default), a preset, or widths like 1x3x3x3")
-    g.add_argument("--kv-mode", default="dynamic", choices=["full", "once", "dynamic"])
-    g.add_argument("--kv-budget", type=int, default=4096)
-    g.add_argument("--stop-at-eos", action="store_true")
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line `error: ...` and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} -h)\n")
 
 
-def _settings(args: argparse.Namespace):
-    from .settings import Settings
+def _number(text: str) -> int | float | str:
+    """A flag's text as an int or a float; other text is passed on for the validator to refuse by name."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
-    return Settings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, eta=args.eta,
-                    penalty=args.penalty, penalty_window=args.penalty_window, ngram_reuse=not args.no_ngram_reuse,
-                    ngram_topk=args.ngram_topk, tree=args.tree, kv_mode=args.kv_mode, kv_budget=args.kv_budget,
-                    stop_at_eos=args.stop_at_eos)
+
+def _add_settings_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling and drafting (tokenswift.Settings; the default is greedy, cost-aware tree)")
+    hints = typing.get_type_hints(Settings)
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        default = CLI_DEFAULTS.get(f.name, f.default)
+        if hints[f.name] is bool:
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"])
+        else:
+            kind = str if hints[f.name] is str else _number
+            shown_default = "" if default is None else " (default: %(default)s)"
+            g.add_argument(flag, type=kind, default=default, help=f.metadata["help"] + shown_default)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return validate_settings({f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import Generator
 
+    settings = _settings(args)  # checked before the model loads
+    seed = validate_seed(args.seed)
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of --prompt or --prompt-file")
     prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
-    settings = _settings(args)
     gen = Generator.from_pretrained(args.model, device=args.device, dtype=args.dtype)
-    result = gen.generate(prompt, settings, max_new_tokens=args.max_new_tokens, method=args.method, seed=args.seed)
+    ids = gen.encode(prompt)
+    max_new = check_generation(gen, ids, settings, args.max_new_tokens)
+    result = gen.generate(ids, settings, max_new_tokens=max_new, method=args.method, seed=seed)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats,
                           "settings": settings.to_dict()}, indent=2))
@@ -57,19 +83,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tokenswift", description="TokenSwift: lossless fast long generation")
+    parser = _Parser(prog="python -m tokenswift", description="TokenSwift: lossless fast long generation")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("generate", help="generate text with AR or TokenSwift")
     p.add_argument("--model", required=True, help="model directory (or hub id already in the local cache)")
     p.add_argument("--prompt", help="prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--method", choices=list(Method), default=Method.TOKENSWIFT)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=_number, default=256, help="(default: %(default)s)")
+    p.add_argument("--method", choices=[m.value for m in Method], default=Method.TOKENSWIFT.value)
+    p.add_argument("--seed", type=_number, default=0, help="(default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (accelerate device_map)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
     p.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
-    _add_sampling_flags(p)
+    _add_settings_flags(p)
     p.set_defaults(func=cmd_generate)
     from .train.heads import add_train_heads_parser
 
@@ -82,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
 
 
