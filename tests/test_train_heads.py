@@ -2,6 +2,10 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import torch
 
 import tokenswift as ts
 
@@ -51,3 +55,48 @@ def test_train_heads_stops_at_its_time_budget_after_a_final_validation(tmp_path)
     train = [r for r in log if r["kind"] == "train"]
     assert len(train) > 3 and train[-1]["lr"] < 0.5 * train[1]["lr"]  # the schedule follows the time budget down
     assert (tmp_path / "run" / "heads.safetensors").exists()
+
+
+class _RunsCodeWhenUnpickled:
+    """What a hostile checkpoint holds: unpickling it calls Path.write_text."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_resume_state_refuses_pickled_code_and_never_runs_it(tmp_path):
+    from tokenswift.train.checkpoint import load_state
+
+    marker = tmp_path / "marker.txt"
+    path = tmp_path / "heads_checkpoint.pt"
+    torch.save({"step": 3, "payload": _RunsCodeWhenUnpickled(marker)}, path)
+    with pytest.raises(ValueError, match="not loaded"):
+        load_state(path)
+    assert not marker.exists()
+
+
+def test_lm_checkpoint_loads_with_weights_only_and_restores_every_rng(tmp_path):
+    import random
+
+    import numpy as np
+
+    from tokenswift.train.lm import RunState, TrainSettings, WindowSampler, load_checkpoint, save_checkpoint
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    streams = {"austen": torch.arange(100), "kjv": torch.arange(100, 200)}
+    sampler = WindowSampler(streams, context=8, austen_weight=0.5, seed=0)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, opt, sampler, RunState(step=7), TrainSettings())
+    torch.load(path, weights_only=True)  # plain tensors and values only
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)), sampler.sample(2))
+    restored = WindowSampler(streams, context=8, austen_weight=0.5, seed=1)
+    state = load_checkpoint(path, model, opt, restored, TrainSettings())
+    assert state.step == 7
+    got = (random.random(), float(np.random.rand()), float(torch.rand(1)), restored.sample(2))
+    assert got[:3] == expected[:3] and torch.equal(got[3], expected[3])

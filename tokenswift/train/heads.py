@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import Heads, save_with_model
+from .checkpoint import load_state, save_state
 from .corpus import ALL_SOURCES, AUSTEN_SOURCES, load_corpus, split_text
 
 
@@ -192,7 +193,7 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
     ckpt = out / "heads_checkpoint.pt"
     step, elapsed_before = 0, 0.0
     if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+        state = load_state(ckpt)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["optimizer"])
         sampler.gen.set_state(state["sampler"])
@@ -232,11 +233,9 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
             bar.write(f"step {step}: " + ", ".join(f"head {a['head']} top1 {a['top1']:.3f} top3 {a['top3']:.3f}" for a in acc))
         log.flush()
         if time.time() - last_ckpt > s.checkpoint_minutes * 60 or last:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"heads": heads.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.gen.get_state(),
+            save_state({"heads": heads.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.gen.get_state(),
                         "torch_rng": torch.get_rng_state(), "step": step,
-                        "elapsed_s": elapsed_before + time.time() - start}, tmp)
-            tmp.replace(ckpt)
+                        "elapsed_s": elapsed_before + time.time() - start}, ckpt)
             last_ckpt = time.time()
     bar.close()
     if out_of_time:

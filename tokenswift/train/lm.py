@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from .checkpoint import load_state, save_state
 from .corpus import AUSTEN_SOURCES, KJV_SOURCE, SourceSplit
 from .tokenizer import ENDOFTEXT, load_tokenizer
 
@@ -162,11 +163,11 @@ def load_or_build_streams(
     path = run_dir / TOKEN_CACHE_NAME
     fp = _fingerprint(tokenizer_dir, texts)
     if path.exists():
-        cached = torch.load(path, weights_only=True)
+        cached = load_state(path)
         if cached.get("fingerprint") == fp:
             return cached["streams"]
     streams = tokenize_streams(tokenizer, texts, eot_id)
-    _atomic_torch_save({"fingerprint": fp, "streams": streams}, path)
+    save_state({"fingerprint": fp, "streams": streams}, path)
     return streams
 
 
@@ -323,22 +324,18 @@ def train_step(
 # --------------------------------------------------------------------------- checkpoints and logs
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch RNG states."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch RNG states, as tensors and plain values (they load with weights_only=True)."""
+    _, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore states from :func:`rng_state`."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     torch.set_rng_state(state["torch"])
 
 
@@ -357,7 +354,7 @@ def save_checkpoint(
     state: RunState, s: TrainSettings,
 ) -> None:
     """Save everything needed to resume, atomically."""
-    _atomic_torch_save(
+    save_state(
         {
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
@@ -374,7 +371,7 @@ def load_checkpoint(
     path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: WindowSampler, s: TrainSettings,
 ) -> RunState:
     """Restore model, optimiser, sampler and RNG states; returns the run counters."""
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = load_state(path)
     shape_keys = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
     for key in shape_keys:
         if ckpt["settings"][key] != getattr(s, key):
