@@ -116,11 +116,12 @@ def all_plots(trace: RunTrace, decode_one: DecodeOne) -> tuple:
 # ---- the speed panel ---------------------------------------------------------------------------------------
 
 def _split_table(ts: speed.Split, ar: speed.Split | None, ar_step: float) -> list[str]:
-    unit = f" | {ts.total / ar_step:.2f}" if ar_step else " | –"
-    rows = ["| mean per iteration | draft | verify | bookkeeping | total | in AR steps |",
-            "|---|---|---|---|---|---|",
-            f"| TokenSwift | {ts.draft:.2f} ms | {ts.verify:.2f} ms | {ts.bookkeeping:.2f} ms | {ts.total:.2f} ms{unit} |"]
-    if ar is not None:
+    """Mean ms per iteration; with AR, also one AR step and the iteration's cost in AR steps."""
+    rows = ["| mean per iteration | draft | verify | bookkeeping | total |" + (" in AR steps |" if ar else ""),
+            "|---|---|---|---|---|" + ("---|" if ar else ""),
+            f"| TokenSwift | {ts.draft:.2f} ms | {ts.verify:.2f} ms | {ts.bookkeeping:.2f} ms | {ts.total:.2f} ms |"
+            + (f" {ts.total / ar_step:.2f} |" if ar else "")]
+    if ar:
         rows.append(f"| AR (one step) | – | {ar.verify:.2f} ms | {ar.bookkeeping:.2f} ms | {ar.total:.2f} ms | 1 |")
     return rows
 
@@ -175,7 +176,7 @@ def speed_panel(trace: RunTrace) -> str:
               f"{totals.get(Source.HEAD, 0):,}, n-grams {totals.get(Source.NGRAM, 0):,} in all) + the target's "
               f"bonus (1, unless cut at the token limit), over {ts.iterations:,} iterations.")
     lines = ["#### Why this speed: one TokenSwift iteration against one AR step",
-             *_split_table(split, speed.mean_split(ar) if ar.iterations else None, ar_step), "",
+             *_split_table(split, speed.mean_split(ar), ar_step), "",
              "**Verifying q drafted nodes on this machine** (this run's iterations; the verify forward grows with "
              "the number of rows):", "", *_cost_table(speed.verify_cost(ts), ar_step), "",
              tokens, "", _tree_line(trace), "", _ratio_line(trace, ts_step, ar_step)]
