@@ -54,6 +54,53 @@ def status_text(pg) -> str:
     return pg.locator("#status").inner_text()
 
 
+def element_shot(pg, selector: str, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    pg.locator(selector).screenshot(path=str(path))
+    print(f"\n[screenshot] {path}")
+    return path
+
+
+# Walks a pane's text character by character (Range.getClientRects) and reports each place where a line box
+# ends: the characters on either side, whether a paragraph element lies between, and how far the ended line
+# reached across the pane. A word is broken where a line ends between two letters or digits in one paragraph.
+LINE_BREAKS_JS = """(selector) => {
+  const root = document.querySelector(selector + ' .prose');
+  const box = root.getBoundingClientRect();
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT | NodeFilter.SHOW_ELEMENT);
+  const breaks = [];
+  let prev = null, para = false, lineRight = 0, lines = 1, chars = 0, node;
+  while ((node = walker.nextNode())) {
+    if (node.nodeType === 1) { if (node.classList.contains('para')) para = true; continue; }
+    const text = node.textContent;
+    for (let i = 0; i < text.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i); range.setEnd(node, i + 1);
+      const rect = range.getBoundingClientRect();
+      if (!rect.width && !rect.height) continue;  // a collapsed space
+      chars++;
+      if (prev && rect.top >= prev.bottom - 1) {
+        lines++;
+        breaks.push({before: prev.ch, after: text[i], para, fill: (lineRight - box.left) / box.width});
+        lineRight = 0;
+      }
+      lineRight = Math.max(lineRight, rect.right);
+      prev = {ch: text[i], bottom: rect.bottom};
+      para = false;
+    }
+  }
+  return {lines, chars, breaks, text: root.textContent,
+          style: getComputedStyle(root).wordBreak + ' ' + getComputedStyle(root).overflowWrap};
+}"""
+
+
+def broken_words(layout: dict) -> list[str]:
+    word = re.compile(r"\w")
+    return [b["before"] + "|" + b["after"] for b in layout["breaks"]
+            if not b["para"] and word.match(b["before"]) and word.match(b["after"])]
+
+
 def test_run_fills_both_panes_and_all_four_plots(page):
     set_max_new(page, 500)
     page.click("#run-btn")
@@ -68,6 +115,34 @@ def test_run_fills_both_panes_and_all_four_plots(page):
     stats = page.locator("#ts-stats").inner_text()
     assert "500 / 500 tokens" in stats and "tok/s" in stats
     assert "Speedup" in page.locator("#summary").inner_text()
+
+
+def test_panes_read_as_paragraphs_with_no_word_broken(page):
+    """After the 500-token run: the model's hard line breaks are gone (the text reflows to the pane's width),
+    and no line box ends inside a word, in either pane."""
+    for pane in ("ar-text", "ts-text"):
+        element_shot(page, f"#{pane}", f"1-{pane}")
+        layout = page.evaluate(LINE_BREAKS_JS, f"#{pane}")
+        inner = [b["fill"] for b in layout["breaks"] if not b["para"]]  # lines that end inside a paragraph
+        fill = sorted(inner)[len(inner) // 2]
+        print(f"\n[{pane}] {layout['chars']} characters, {layout['lines']} lines, median fill {fill:.2f}, "
+              f"{layout['style']}")
+        assert layout["lines"] > 15 and "\n" not in layout["text"]
+        assert layout["style"].split()[0] == "normal"
+        assert broken_words(layout) == []
+        assert fill > 0.85  # reflowed: lines fill the pane instead of stopping at the model's ~70 characters
+    assert page.locator("#ts-text .src-bonus").count() > 0 and page.locator("#legend .src-ngram").count() == 1
+
+
+def test_heatmap_and_speed_panel_after_500_tokens(page):
+    element_shot(page, "#repetition-plot", "1-repetition")
+    sides = page.evaluate("""() => document.querySelector('#repetition-plot .js-plotly-plot').data
+                             .filter(t => t.type === 'heatmap').map(t => [t.z.length, t.z[0].length])""")
+    assert len(sides) == 2 and all(rows >= 8 and cols >= 8 for rows, cols in sides), sides
+    element_shot(page, "#speed", "1-speed")
+    panel = page.locator("#speed").inner_text()
+    assert "The ratio" in panel and "AR-step costs per iteration" in panel and "drafted nodes" in panel
+    assert re.search(r"= \d+\.\d\dx", panel)
 
 
 def window_listeners(pg, kind: str) -> int:
@@ -112,3 +187,19 @@ def test_step_runs_one_iteration_at_a_time(page):
     shot(page, "3-step")
     table = page.locator("#step-table").inner_text()
     assert "root" in table and ("accepted" in table or "rejected" in table)
+
+
+def test_step_under_fused_drafting_says_so(page):
+    page.get_by_text("Drafting", exact=True).click()  # the accordion
+    page.get_by_label("fused").check()
+    tree = page.get_by_label("Draft tree preset")
+    tree.click()
+    tree.fill("paper")
+    page.get_by_role("option", name="paper", exact=True).click()
+    for it in (0, 1):
+        page.click("#step-btn")
+        page.wait_for_function(f"() => document.querySelector('#step-caption').innerText.includes('Iteration {it}.')",
+                               timeout=60_000)
+    caption = page.locator("#step-caption").inner_text()
+    element_shot(page, "#step-caption", "3-step-fused-caption")
+    assert "no draft forward (fused drafting)" in caption and "partial KV cache (" not in caption

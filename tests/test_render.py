@@ -76,7 +76,7 @@ def test_ar_pane_is_untinted_and_says_when_empty():
 def test_text_and_plots_share_one_palette():
     css = palette_css()
     for source in ("head", "ngram", "bonus"):
-        assert f".src-{source}" in css and blend(SOURCE_COLORS[source], "#ffffff", TINT) in css
+        assert f".src-{source}" in css and blend(SOURCE_COLORS[source], "#ffffff", TINT[source]) in css
 
 
 # ---- speed panel ------------------------------------------------------------------------------------
@@ -103,7 +103,8 @@ def test_speed_panel_explains_the_ratio_as_arithmetic():
     assert "| TokenSwift | 2.00 ms | 3.00 ms | 1.00 ms | 6.00 ms | 1.50 |" in panel
     assert "| AR (one step) | – | 3.50 ms | 0.50 ms | 4.00 ms | 1 |" in panel
     assert "| drafted nodes | 0 | 5-8 |" in panel and "| iterations | 1 | 3 |" in panel
-    assert "| in AR steps | 0.75 | 0.75 |" in panel
+    assert "| in AR steps (median 4.00 ms) | 0.75 | 0.75 |" in panel
+    assert "3.00 = 2.00 drafted tokens accepted (4 from heads and 4 from n-grams in 4 iterations) + 1.00 bonus" in panel
     assert "Tree auto" in panel and "6 nodes: expected 3.00 tokens for 1.50 steps" in panel
     assert "speed" in render.full_update(trace, decode, decode_one, False, "done")
 

@@ -25,7 +25,8 @@ tokens the model itself would have produced."""
 JS = (Path(__file__).with_name("plotly_purge.js")).read_text()
 
 CSS = (Path(__file__).with_name("style.css")).read_text() + palette_css()
-PANE_PX = 420  # the panes' height; they scroll, following the text as it streams
+# The text panes: boxed, 420 px high, scrolling to follow the text as it streams (the legend names them).
+PANE = dict(show_label=False, container=True, padding=True, max_height=420, autoscroll=True, elem_classes=["pane"])
 
 
 def build_demo(app: LiveApp) -> gr.Blocks:
@@ -76,15 +77,11 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                 with gr.Row(equal_height=True):
                     with gr.Column():
                         c["ar_stats"] = gr.Markdown("**AR**", elem_classes=["pane-stats"], elem_id="ar-stats")
-                        c["ar_text"] = gr.HTML(placeholder_html("no tokens yet"), label="AR (repeats underlined)",
-                                               show_label=True, container=True, max_height=PANE_PX, autoscroll=True,
-                                               elem_classes=["pane"], elem_id="ar-text")
+                        c["ar_text"] = gr.HTML(placeholder_html("no tokens yet"), label="AR", elem_id="ar-text", **PANE)
                     with gr.Column():
                         c["ts_stats"] = gr.Markdown("**TokenSwift**", elem_classes=["pane-stats"], elem_id="ts-stats")
-                        c["ts_text"] = gr.HTML(placeholder_html("no tokens yet"),
-                                               label="TokenSwift (tinted by where each token came from)",
-                                               show_label=True, container=True, max_height=PANE_PX, autoscroll=True,
-                                               elem_classes=["pane"], elem_id="ts-text")
+                        c["ts_text"] = gr.HTML(placeholder_html("no tokens yet"), label="TokenSwift", elem_id="ts-text",
+                                               **PANE)
                 gr.Markdown(SPEED_NOTE)
                 c["speed"] = gr.Markdown("", elem_id="speed")
                 with gr.Row():

@@ -126,13 +126,16 @@ def _split_table(ts: speed.Split, ar: speed.Split | None, ar_step: float) -> lis
     return rows
 
 
-def _cost_table(buckets: list[speed.CostBucket], ar_step: float) -> list[str]:
+def _cost_table(buckets: list[speed.CostBucket], ar_median: float) -> list[str]:
+    """Median verify ms per drafted-node bucket; with AR, also in median AR steps (medians: robust to the
+    odd slow iteration)."""
     rows = ["| drafted nodes | " + " | ".join(b.label for b in buckets) + " |",
             "|---|" + "---|" * len(buckets),
             "| iterations | " + " | ".join(f"{b.iterations:,}" for b in buckets) + " |",
             "| median verify | " + " | ".join(f"{b.verify_ms:.2f} ms" for b in buckets) + " |"]
-    if ar_step:
-        rows.append("| in AR steps | " + " | ".join(f"{b.verify_ms / ar_step:.2f}" for b in buckets) + " |")
+    if ar_median:
+        rows.append(f"| in AR steps (median {ar_median:.2f} ms) | "
+                    + " | ".join(f"{b.verify_ms / ar_median:.2f}" for b in buckets) + " |")
     return rows
 
 
@@ -171,14 +174,15 @@ def speed_panel(trace: RunTrace) -> str:
     ar_step = speed.step_ms(ar)
     ts_step = speed.step_ms(ts)
     totals = ts.source_totals
-    tokens = (f"**Tokens per iteration**: {ts.mean_accepted:.2f} = drafted and accepted "
-              f"({(totals.get(Source.HEAD, 0) + totals.get(Source.NGRAM, 0)) / ts.iterations:.2f}: heads "
-              f"{totals.get(Source.HEAD, 0):,}, n-grams {totals.get(Source.NGRAM, 0):,} in all) + the target's "
-              f"bonus (1, unless cut at the token limit), over {ts.iterations:,} iterations.")
+    heads, grams, bonus = (totals.get(s, 0) for s in (Source.HEAD, Source.NGRAM, Source.BONUS))
+    tokens = (f"**Tokens per iteration**: {ts.mean_accepted:.2f} = {(heads + grams) / ts.iterations:.2f} drafted "
+              f"tokens accepted ({heads:,} from heads and {grams:,} from n-grams in {ts.iterations:,} iterations) "
+              f"+ {bonus / ts.iterations:.2f} bonus token (the target's own; one per iteration unless the token "
+              "limit cut the last one).")
     lines = ["#### Why this speed: one TokenSwift iteration against one AR step",
              *_split_table(split, speed.mean_split(ar), ar_step), "",
              "**Verifying q drafted nodes on this machine** (this run's iterations; the verify forward grows with "
-             "the number of rows):", "", *_cost_table(speed.verify_cost(ts), ar_step), "",
+             "the number of rows):", "", *_cost_table(speed.verify_cost(ts), speed.median_step_ms(ar)), "",
              tokens, "", _tree_line(trace), "", _ratio_line(trace, ts_step, ar_step)]
     return "\n".join(lines)
 

@@ -15,9 +15,10 @@ from .plots.style import REPEAT_COLOR, SOURCE_COLORS, blend
 
 LIVE_WINDOW = 1500  # tokens shown while streaming; the whole text is in the export
 PARAGRAPH = "\n\n"  # how `soft_wrap` marks a paragraph break
-TINT = 0.7  # a source's text background: its plot colour moved this far towards white
-# Sources a pane tints, with their legend names (AR tokens and roots are not tinted).
+# Sources a pane tints, with their legend names (AR tokens and roots are not tinted), and how far each
+# tint moves the source's plot colour towards white: the target's own tokens, often most of the text, faintly.
 TINTED = {"head": "head draft", "ngram": "n-gram reuse", "bonus": "target / bonus"}
+TINT = {"head": 0.7, "ngram": 0.7, "bonus": 0.85}
 _BREAKS = re.compile(r"[ \t]*(?:\r?\n[ \t]*)+")  # a run of line breaks with the blanks around it
 
 Label = Hashable  # one segment's label, e.g. (source, repeated)
@@ -89,12 +90,12 @@ def placeholder_html(message: str) -> str:
 
 
 def tint(source: str) -> str:
-    return blend(SOURCE_COLORS[source], "#ffffff", TINT)
+    return blend(SOURCE_COLORS[source], "#ffffff", TINT[source])
 
 
 def palette_css() -> str:
     """The panes' colour rules, generated from the plots' palette (appended to ui/style.css)."""
-    rules = [f".prose .src-{s}, .legend .src-{s} {{background: {tint(s)};}}" for s in TINTED]
+    rules = [f".prose .src-{s}, .legend .src-{s} {{background: {tint(s)};}}" for s in TINTED]  # no padding
     rules.append(f".prose .rep, .legend .rep {{text-decoration: underline wavy {REPEAT_COLOR}; "
                  "text-decoration-thickness: 1.5px; text-underline-offset: 3px;}")
     return "\n".join(rules)

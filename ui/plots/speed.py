@@ -54,6 +54,12 @@ def step_ms(m: MethodTrace) -> float:
     return 1e3 * m.compute_s / m.iterations if m.iterations else 0.0
 
 
+def median_step_ms(m: MethodTrace) -> float:
+    """Median milliseconds of one iteration's draft + verify + bookkeeping (0.0 before any)."""
+    rows = triples(m)
+    return median(sum(row) for row in rows) if rows else 0.0
+
+
 def verify_cost(m: MethodTrace) -> list[CostBucket]:
     """Median verification ms by drafted-node bucket, over this run's iterations (empty buckets left out)."""
     rows = triples(m)
