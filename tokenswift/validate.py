@@ -65,9 +65,10 @@ def shown(value: Any) -> str:
     """A short rendering of a refused value (never megabytes of it)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
         return f"a number of {value.bit_length() * 0.30103:.0f} digits"
-    if value is None or isinstance(value, (bool, int, float, str)):
-        text = repr(value)
-        return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
     return f"a value of type {type(value).__name__}"
 
 
