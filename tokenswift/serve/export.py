@@ -238,7 +238,7 @@ def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> Ev
     changes = _object(log["changes"], f"{where}.changes", CHANGE_COLUMNS)
     for name in CHANGE_COLUMNS:
         _changes(changes[name], f"{where}.changes.{name}", n, _CHANGE_CHECKS[name])
-    _iterations(log["refreshed_at"], f"{where}.refreshed_at", n, n)
+    _iterations(log["refreshed_at"], f"{where}.refreshed_at", n)
     trees = _pairs(log["trees"], f"{where}.trees", n, TREES_KEPT)
     for k, (_, nodes) in enumerate(trees):
         _tree(nodes, f"{where}.trees[{k}]", limits)
@@ -283,20 +283,24 @@ def _pairs(value: Any, where: str, iterations: int, max_len: int) -> list[list[A
     """[[iteration, value], ...] with iterations increasing and below `iterations`."""
     items = _list(value, where, max_len)
     for k, item in enumerate(items):
-        _pair(item, f"{where}[{k}]")
-    _iterations([item[0] for item in items], where, iterations, max_len)
+        iteration, _ = _pair(item, f"{where}[{k}]")
+        _iteration(iteration, f"{where}[{k}] iteration", iterations, items[k - 1][0] if k else -1)
     return items
 
 
-def _iterations(value: Any, where: str, iterations: int, max_len: int) -> list[int]:
-    items = _list(value, where, max_len)
-    _ints(items, where, 0, max(iterations - 1, 0))
-    if iterations == 0 and items:
+def _iterations(value: Any, where: str, iterations: int) -> None:
+    """Iterations in increasing order, each below `iterations`."""
+    items = _list(value, where, iterations)
+    for k, iteration in enumerate(items):
+        _iteration(iteration, f"{where}[{k}]", iterations, items[k - 1] if k else -1)
+
+
+def _iteration(value: Any, where: str, iterations: int, after: int) -> None:
+    if not iterations:
         _fail(f"In the trace file, {where} names an iteration, but there are no iterations.")
-    for k in range(1, len(items)):
-        if items[k] <= items[k - 1]:
-            _fail(f"In the trace file, {where} must name iterations in increasing order (iteration {items[k]} follows {items[k - 1]}).")
-    return items
+    _int(value, where, 0, iterations - 1)
+    if value <= after:
+        _fail(f"In the trace file, {where} is {value}, but iterations must increase (the one before is {after}).")
 
 
 NODE_KEYS = tuple(f.name for f in fields(TreeNode))
@@ -324,7 +328,7 @@ def _tree(nodes: Any, where: str, limits: ReplayLimits) -> None:
 def _held(value: Any, where: str, iterations: int, limits: ReplayLimits) -> None:
     """[iteration, [[start, end], ...]]: the held positions the latest report gave."""
     iteration, runs = _pair(value, where)
-    _iterations([iteration], where, iterations, 1)
+    _iteration(iteration, f"{where} iteration", iterations, -1)
     for k, run in enumerate(_list(runs, f"{where} runs", limits.max_tokens)):
         start, end = _pair(run, f"{where} run {k}")
         _int(start, f"{where} run {k} start", 0, U32)
