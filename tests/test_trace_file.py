@@ -193,7 +193,8 @@ MALFORMED = {  # name -> (file text from the valid file, expected message, load_
     "Infinity": (rewritten(with_literal(ELAPSED, "Infinity")), "contains Infinity", {}),
     "NaN": (rewritten(with_literal(ELAPSED, "NaN")), "contains NaN", {}),
     "huge float": (rewritten(with_literal(ELAPSED, "1e999")), "1e999, which is out of range", {}),
-    "huge integer": (rewritten(with_literal(["max_new_tokens"], "1" * 400)), "400 digits", {}),
+    "huge integer": (rewritten(with_literal(["max_new_tokens"], "1" * 400)), "is a number of 400 digits", {}),
+    "an integer past Python's digit limit": (rewritten(with_literal(["max_new_tokens"], "1" * 5000)), "thousands of digits", {}),
     "deep nesting": (lambda d: "[" * 100_000 + "]" * 100_000, "nests lists or objects too deeply", {}),
     "duplicate key": (rewritten(lambda d: json.dumps(d)[:-1] + ', "model": "other"}'), "key 'model' twice", {}),
     "negative token id": (changed(lambda d: ts_log(d)["tokens"]["ids"].__setitem__(3, -1)),
@@ -353,3 +354,13 @@ def test_exports_go_to_one_private_folder_by_default(runs, tmp_path, monkeypatch
     path = write_trace_file(trace, gen.decode, "tiny")
     assert os.path.dirname(path) == str(folder) and os.path.basename(path).startswith(export.FILE_PREFIX)
     assert folder.stat().st_mode & 0o077 == 0 and os.stat(path).st_mode & 0o077 == 0
+
+
+def test_the_vocabulary_can_follow_the_model_the_file_names(valid, tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(valid))
+    asked = []
+    load_trace_file(path, vocab_size=lambda model: asked.append(model) or VOCAB)
+    assert asked == ["tiny"]
+    with pytest.raises(TraceFileError, match=r"prompt_ids\[0\] is 5; it must be from 0 to 4\."):
+        load_trace_file(path, vocab_size=lambda model: 5)

@@ -29,12 +29,11 @@ EXPORT_DIR = Path(tempfile.gettempdir()) / "tokenswift-exports"
 FILE_PREFIX = "tokenswift-run-"
 KEEP_FILES = 64  # newest export files kept in the export folder
 MAX_AGE_S = 3600.0  # export files older than this are removed
-MAX_FILE_BYTES = 32 * 2**20  # a 100K-token run (both panes) is about 13 MB
+MAX_FILE_BYTES = 32 * 2**20  # a 100K-token run (both panes, 150K iterations) is about 11 MiB
 MAX_TOKENS = 200_000  # prompt tokens, and new tokens per method
 MAX_TREE_NODES = 4096  # nodes of one kept draft tree
 MAX_TEXT = 1000  # characters of a model name, a setting or a plan
-MAX_NUMBER_DIGITS = 20  # 2**64 has 20
-MAX_SECONDS = 1e9
+MAX_REAL = 1e9  # seconds, and the magnitude of a real-valued setting
 
 TOKEN_SOURCES = tuple(s for s in Source if s != Source.ROOT)
 NODE_SOURCES = tuple(s for s in Source if s not in (Source.BONUS, Source.AR))
@@ -106,14 +105,17 @@ class ReplayLimits:
         return U32 if self.vocab_size is None else self.vocab_size - 1
 
 
-def load_trace_file(path: str | Path, max_bytes: int = MAX_FILE_BYTES, vocab_size: int | None = None,
+VocabSize = int | Callable[[str], int] | None  # a number, or one for the model the file names
+
+
+def load_trace_file(path: str | Path, max_bytes: int = MAX_FILE_BYTES, vocab_size: VocabSize = None,
                     max_tokens: int = MAX_TOKENS, max_tree_nodes: int = MAX_TREE_NODES) -> tuple[RunTrace, dict[str, Any]]:
     """Check an exported run completely and rebuild its trace by folding its events. Returns the trace and
-    the file's (checked) content, whose "model" names the model it came from. Raises `TraceFileError`
-    (one sentence) on anything the file does wrong; the caller's state is untouched until this returns."""
+    the file's (checked) content, whose "model" names the model it came from. Token ids must be below
+    `vocab_size`: a number, or a function of that model name (called once the name is checked). Raises
+    `TraceFileError` (one sentence) on anything the file does wrong; nothing is kept from a refused file."""
     data = parse_trace_json(_read(Path(path), max_bytes))
-    limits = ReplayLimits(vocab_size, max_tokens, max_tree_nodes)
-    logs = check_trace(data, limits)
+    logs = check_trace(data, vocab_size, max_tokens, max_tree_nodes)
     return RunTrace.replay(data["prompt_ids"], data["settings"], data["max_new_tokens"], logs), data
 
 
@@ -135,24 +137,22 @@ def _read(path: Path, max_bytes: int) -> str:
 
 
 def parse_trace_json(text: str) -> Any:
-    """JSON with bounds: numbers finite and at most MAX_NUMBER_DIGITS digits, no duplicate keys."""
+    """JSON with bounds: no Infinity/NaN, finite numbers, whole numbers of at most Python's 4,300 digits
+    (ranges are checked field by field afterwards), no duplicate keys, no deep nesting."""
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float,
-                          object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
+    except TraceFileError:
+        raise
     except RecursionError:
         _fail("The trace file nests lists or objects too deeply to be a trace exported by this app.")
     except json.JSONDecodeError as exc:
         _fail(f"The trace file is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).")
+    except ValueError:  # Python's limit on the digits of a whole number
+        _fail("The trace file contains a whole number with thousands of digits, more than a trace can hold.")
 
 
 def _no_constant(name: str) -> NoReturn:
     _fail(f"The trace file contains {name}, which is not a number a trace can hold.")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_NUMBER_DIGITS:
-        _fail(f"The trace file contains a whole number of {len(text.lstrip('-'))} digits, more than a trace can hold.")
-    return int(text)
 
 
 def _finite_float(text: str) -> float:
@@ -171,7 +171,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def check_trace(data: Any, limits: ReplayLimits) -> dict[Method, EventLog]:
+def check_trace(data: Any, vocab_size: VocabSize = None, max_tokens: int = MAX_TOKENS,
+                max_tree_nodes: int = MAX_TREE_NODES) -> dict[Method, EventLog]:
     """Check a parsed trace file completely; returns each method's event log, ready to fold."""
     if type(data) is not dict:
         _fail("The file is not a TokenSwift Live trace (its top level is not a JSON object).")
@@ -182,7 +183,8 @@ def check_trace(data: Any, limits: ReplayLimits) -> dict[Method, EventLog]:
     if fmt != FORMAT:
         _fail(f"The file is not a TokenSwift Live trace (expected format {FORMAT!r}, found {_short(fmt)}).")
     _object(data, "the file", ("format", "model", "prompt_ids", "settings", "max_new_tokens", "methods", "readable"))
-    _text(data["model"], "model", MAX_TEXT)
+    model = _text(data["model"], "model", MAX_TEXT)
+    limits = ReplayLimits(vocab_size(model) if callable(vocab_size) else vocab_size, max_tokens, max_tree_nodes)
     _ids(data["prompt_ids"], "prompt_ids", limits)
     _settings(data["settings"])
     max_new = _int(data["max_new_tokens"], "max_new_tokens", 1, limits.max_tokens)
@@ -208,7 +210,7 @@ def _setting(value: Any, where: str, default: Any) -> None:
     elif isinstance(default, int) or (default is None and value is not None):
         _int(value, where, 0, U32)
     elif isinstance(default, float):
-        _number(value, where, -MAX_SECONDS, MAX_SECONDS)
+        _number(value, where, -MAX_REAL, MAX_REAL)
 
 
 def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> EventLog:
@@ -232,7 +234,7 @@ def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> Ev
         column, at = per[name], f"{where}.per_iteration.{name}"
         _same_length(column, accepted, at, "iterations")
         if code == "d":
-            _numbers(column, at, 0.0, MAX_SECONDS)
+            _numbers(column, at, 0.0, MAX_REAL)
         else:
             _ints(column, at, 0, _column_top(name, code, limits))
     changes = _object(log["changes"], f"{where}.changes", CHANGE_COLUMNS)
@@ -271,7 +273,7 @@ def _changes(value: Any, where: str, iterations: int, check: Callable[[Any, str]
 
 
 _CHANGE_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "prefill_s": lambda v, where: _number(v, where, 0.0, MAX_SECONDS),
+    "prefill_s": lambda v, where: _number(v, where, 0.0, MAX_REAL),
     "cache_capacity": lambda v, where: _int(v, where, 0, U32),
     "partial_mode": lambda v, where: _choice(v, where, PARTIAL_MODES),
     "partial_budget": lambda v, where: _int(v, where, 0, U32),
@@ -364,6 +366,10 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
+def _whole(value: int) -> str:
+    return f"{value:,}" if abs(value) < 10**15 else f"a number of {len(str(abs(value)))} digits"
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -399,7 +405,7 @@ def _int(value: Any, where: str, low: int, high: int) -> int:
     if type(value) is not int:
         _fail(f"In the trace file, {where} must be a whole number, not {_kind(value)}.")
     if not low <= value <= high:
-        _fail(f"In the trace file, {where} is {value:,}; it must be from {low:,} to {high:,}.")
+        _fail(f"In the trace file, {where} is {_whole(value)}; it must be from {low:,} to {high:,}.")
     return value
 
 

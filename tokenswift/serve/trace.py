@@ -22,7 +22,8 @@ from tokenswift.kinds import DRAFTED, Method, Source
 SERIES_CAP = 2048
 TREES_KEPT = 32  # draft trees (and auto's plans) kept for the most recent iterations
 NO_PARTIAL = "none"  # CacheState.partial_mode of a run without a partial cache (AR)
-U16, U32, U64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
+U32, U64 = 2**32 - 1, 2**64 - 1  # the largest values of the "I" and "Q" columns
+SOURCES = {str(s): s for s in Source}
 
 # One value per iteration: name -> array type code. The timings are whole microseconds, so that what
 # export writes is exactly what replay records again.
@@ -125,15 +126,14 @@ class EventLog:
         for tok in step.tokens:
             self.token_ids.append(tok.token)
             self.sources.append(tok.source)
-            self.depths.append(min(tok.depth, U16))
+            self.depths.append(tok.depth)
         t, c = step.timings, step.cache
         row = {"accepted": len(step.tokens), "draft_nodes": step.draft_nodes, "draft_us": _us(t.draft_s),
                "verify_us": _us(t.verify_s), "bookkeeping_us": _us(t.bookkeeping_s), "elapsed_s": step.elapsed_s,
                "cache_length": c.length, "cache_bytes": c.bytes, "partial_sink": c.partial_sink,
                "partial_selected": c.partial_selected, "partial_recent": c.partial_recent}
         for name, value in row.items():
-            column = self.columns[name]
-            column.append(value if column.typecode == "d" else min(value, U64 if column.typecode == "Q" else U32))
+            self.columns[name].append(value)
         changed = {"prefill_s": step.prefill_s, "cache_capacity": c.capacity, "partial_mode": str(c.partial_mode),
                    "partial_budget": c.partial_budget, "refreshes": c.refreshes}
         for name, value in changed.items():
@@ -157,7 +157,7 @@ class EventLog:
         start = 0
         for i in range(n):
             end = start + cols["accepted"][i]
-            tokens = [AcceptedToken(self.token_ids[j], Source(self.sources[j]), self.depths[j]) for j in range(start, end)]
+            tokens = [AcceptedToken(self.token_ids[j], self.sources[j], self.depths[j]) for j in range(start, end)]
             now = {name: next(values) for name, values in changing.items()}
             cache = CacheState(cols["cache_length"][i], now["cache_capacity"], cols["cache_bytes"][i], now["partial_mode"],
                                now["partial_budget"], cols["partial_sink"][i], cols["partial_selected"][i],
@@ -186,7 +186,7 @@ class EventLog:
         """The inverse of `to_json`, for data already checked (see `tokenswift.serve.export`)."""
         log = cls()
         tokens = data["tokens"]
-        log.token_ids, log.sources = list(tokens["ids"]), [Source(s) for s in tokens["sources"]]
+        log.token_ids, log.sources = list(tokens["ids"]), [SOURCES[s] for s in tokens["sources"]]
         log.depths.extend(tokens["depths"])
         for name, values in data["per_iteration"].items():
             log.columns[name].extend(values)
@@ -202,7 +202,7 @@ class EventLog:
 
 
 def _node(data: dict[str, Any]) -> TreeNode:
-    return TreeNode(**{**data, "source": Source(data["source"])})
+    return TreeNode(**{**data, "source": SOURCES[data["source"]]})
 
 
 @dataclass
