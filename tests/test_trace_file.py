@@ -14,7 +14,7 @@ import pytest
 
 import tokenswift as ts
 from tokenswift.events import AcceptedToken, CacheState, Step, Timings, TreeNode
-from tokenswift.kinds import Method, Source
+from tokenswift.kinds import DraftMode, KVMode, Method, Source
 from tokenswift.serve import export
 from tokenswift.serve.export import TraceFileError, load_trace_file, trace_to_json, write_trace_file
 from tokenswift.serve.runner import RunRequest, interleave
@@ -27,7 +27,7 @@ PROMPT = list(range(5, 40))
 NEW = 60
 RUNS = {  # more iterations than TREES_KEPT, so the kept trees and plans are a window of the run
     "paper": ts.Settings(kv_budget=32, kv_sink=4),  # dynamic partial cache: refreshes and held positions
-    "fused": ts.Settings(draft="fused"),
+    "fused": ts.Settings(draft=DraftMode.FUSED),
     "auto": ts.Settings(tree="auto", temperature=1.0),  # a plan every iteration; sampling
 }
 
@@ -80,8 +80,8 @@ def test_export_replay_export_is_byte_identical(runs, name, tmp_path):
 def test_the_runs_exercise_what_the_trace_keeps(runs):
     """The round trips above cover refreshes, held positions, fused mode, plans and windows of trees."""
     paper, fused, auto = (runs[n][1].tokenswift for n in RUNS)
-    assert paper.refresh_at and paper.held_runs and paper.partial_mode == "dynamic"
-    assert fused.partial_mode == "fused" and not fused.refresh_at
+    assert paper.refresh_at and paper.held_runs and paper.partial_mode == KVMode.DYNAMIC
+    assert fused.partial_mode == DraftMode.FUSED and not fused.refresh_at
     assert auto.plan and len(auto.events.plans) == TREES_KEPT
     assert all(t.iterations > TREES_KEPT and len(t.trees) == TREES_KEPT for t in (paper, fused, auto))
 
@@ -107,7 +107,7 @@ def test_logged_events_rebuild_the_steps(runs, name):
 def synthetic_step(index: int, generated: int) -> Step:
     tokens = [AcceptedToken(7, Source.HEAD, 1), AcceptedToken(9, Source.BONUS, 2)]
     tree = [TreeNode(5, -1, 0, Source.ROOT, 1.0, True)] + [TreeNode(7, 0, 1, Source.HEAD, 0.5) for _ in range(8)]
-    cache = CacheState(100 + generated, 10_000, 4096 * (100 + generated), "dynamic", 64, 4, 40, index % 20,
+    cache = CacheState(100 + generated, 10_000, 4096 * (100 + generated), KVMode.DYNAMIC, 64, 4, 40, index % 20,
                        refreshed=index % 20 == 0, refreshes=index // 20, held_positions=[(0, 4), (10, 50)])
     return Step(index, Method.TOKENSWIFT, tokens, cache, Timings(0.001, 0.002, 0.0001), generated, index * 0.003,
                 0.5, tree, False, 8, f"8 nodes: plan {index}")
@@ -279,7 +279,7 @@ def test_random_damage_is_refused_cleanly_or_harmless(valid, tmp_path):
 
     collect(valid, [])
     text = json.dumps(valid)
-    junk = [-1, 0, 1, 2**40, 0.5, -0.5, "", "head", None, True, [], {}, [1, 2], 255, 256]
+    junk = [-1, 0, 1, 2**40, 0.5, -0.5, "", Source.HEAD, None, True, [], {}, [1, 2], 255, 256]
     refused = 0
     for attempt in range(150):
         data = json.loads(text)
@@ -320,7 +320,7 @@ def test_exports_never_see_a_half_added_step(runs):
                 tokens, per = log["tokens"], log["per_iteration"]
                 assert len(tokens["ids"]) == len(tokens["sources"]) == len(tokens["depths"]) == sum(per["accepted"])
                 assert {len(column) for column in per.values()} == {len(per["accepted"])}
-                assert snap["summary"]["methods"][method]["generated"] == len(tokens["ids"])
+                assert snap["readable"]["methods"][method]["generated"] == len(tokens["ids"])
     finally:
         thread.join()
     assert trace.tokenswift.iterations == 15 * sum(s.method == Method.TOKENSWIFT for s in steps)

@@ -49,7 +49,7 @@ def trace_to_json(trace: RunTrace, decode: Callable[[list[int]], str], model: st
     """The file's content: the event streams (copied under the trace's lock) and, for people, the texts
     and a summary; replay reads only the former."""
     snap = trace.snapshot()
-    readable = snap["summary"]
+    readable = snap["readable"]
     readable["prompt"] = decode(snap["prompt_ids"])
     for method, events in snap["methods"].items():
         readable["methods"][method]["text"] = decode(events["tokens"]["ids"])

@@ -347,14 +347,14 @@ class RunTrace:
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready copies taken under the lock: what produced the run, each method's event stream, and
-        a summary derived from them for people reading the file (replay ignores it)."""
+        a summary derived from them for people reading the file ("readable"; replay ignores it)."""
         with self._lock:
             return {"prompt_ids": list(self.prompt_ids), "settings": dict(self.settings),
                     "max_new_tokens": self.max_new_tokens,
                     "methods": {m: self.pane(m).events.to_json() for m in Method},
-                    "summary": self._summary()}
+                    "readable": self._readable()}
 
-    def _summary(self) -> dict[str, Any]:
+    def _readable(self) -> dict[str, Any]:
         per_method = {m: {"generated": p.generated, "iterations": p.iterations, "tokens_per_s": p.tokens_per_s,
                           "mean_accepted": p.mean_accepted, "compute_s": p.compute_s, "prefill_s": p.prefill_s}
                       for m, p in ((m, self.pane(m)) for m in Method)}
