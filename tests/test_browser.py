@@ -62,15 +62,16 @@ def element_shot(pg, selector: str, name: str) -> Path:
     return path
 
 
-# Walks a pane's text character by character (Range.getClientRects) and reports each place where a line box
-# ends: the characters on either side, whether a paragraph element lies between, and how far the ended line
-# reached across the pane. A word is broken where a line ends between two letters or digits in one paragraph.
+# Walks a pane's text character by character (Range.getBoundingClientRect) and reports each place where a
+# line box ends: the text just before and after it (collapsed spaces included), whether a paragraph element
+# lies between, and how far the ended line reached across the pane. A word is broken where a line ends
+# between two letters or digits of one paragraph.
 LINE_BREAKS_JS = """(selector) => {
   const root = document.querySelector(selector + ' .prose');
   const box = root.getBoundingClientRect();
   const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT | NodeFilter.SHOW_ELEMENT);
   const breaks = [];
-  let prev = null, para = false, lineRight = 0, lines = 1, chars = 0, node;
+  let bottom = null, para = false, lineRight = 0, lines = 1, chars = 0, before = '', node;
   while ((node = walker.nextNode())) {
     if (node.nodeType === 1) { if (node.classList.contains('para')) para = true; continue; }
     const text = node.textContent;
@@ -78,16 +79,19 @@ LINE_BREAKS_JS = """(selector) => {
       const range = document.createRange();
       range.setStart(node, i); range.setEnd(node, i + 1);
       const rect = range.getBoundingClientRect();
-      if (!rect.width && !rect.height) continue;  // a collapsed space
-      chars++;
-      if (prev && rect.top >= prev.bottom - 1) {
-        lines++;
-        breaks.push({before: prev.ch, after: text[i], para, fill: (lineRight - box.left) / box.width});
-        lineRight = 0;
+      if (rect.width || rect.height) {  // not a collapsed space
+        chars++;
+        if (bottom !== null && rect.top >= bottom - 1) {
+          lines++;
+          breaks.push({before: before.slice(-12), after: text.slice(i, i + 12), para,
+                       fill: (lineRight - box.left) / box.width});
+          lineRight = 0;
+        }
+        lineRight = Math.max(lineRight, rect.right);
+        bottom = rect.bottom;
+        para = false;
       }
-      lineRight = Math.max(lineRight, rect.right);
-      prev = {ch: text[i], bottom: rect.bottom};
-      para = false;
+      before += text[i];
     }
   }
   return {lines, chars, breaks, text: root.textContent,
@@ -98,7 +102,7 @@ LINE_BREAKS_JS = """(selector) => {
 def broken_words(layout: dict) -> list[str]:
     word = re.compile(r"\w")
     return [b["before"] + "|" + b["after"] for b in layout["breaks"]
-            if not b["para"] and word.match(b["before"]) and word.match(b["after"])]
+            if not b["para"] and word.match(b["before"][-1:]) and word.match(b["after"][:1])]
 
 
 def test_run_fills_both_panes_and_all_four_plots(page):
@@ -132,6 +136,12 @@ def test_panes_read_as_paragraphs_with_no_word_broken(page):
         assert broken_words(layout) == []
         assert fill > 0.85  # reflowed: lines fill the pane instead of stopping at the model's ~70 characters
     assert page.locator("#ts-text .src-bonus").count() > 0 and page.locator("#legend .src-ngram").count() == 1
+    # Negative control: the same measurement finds the breaks that `word-break: break-all` makes.
+    page.evaluate("""() => { const style = document.createElement('style'); style.id = 'control';
+        style.textContent = '#ts-text .prose, #ts-text .prose * {word-break: break-all !important;}';
+        document.head.appendChild(style); }""")
+    assert len(broken_words(page.evaluate(LINE_BREAKS_JS, "#ts-text"))) > 3
+    page.evaluate("() => document.getElementById('control').remove()")
 
 
 def test_heatmap_and_speed_panel_after_500_tokens(page):
@@ -203,3 +213,16 @@ def test_step_under_fused_drafting_says_so(page):
     caption = page.locator("#step-caption").inner_text()
     element_shot(page, "#step-caption", "3-step-fused-caption")
     assert "no draft forward (fused drafting)" in caption and "partial KV cache (" not in caption
+
+
+def test_case_study_presets_set_the_controls(page):
+    page.get_by_role("button", name="Repetition: penalty off").click()
+    page.wait_for_function("() => document.querySelector('#max-new input').value === '2000'", timeout=10_000)
+    assert page.locator("#prompt textarea").input_value().startswith("And it came to pass")
+    page.get_by_text("Contextual penalty", exact=True).click()  # the accordion
+    penalty = page.get_by_label("Penalise tokens of the last W tokens")
+    assert not penalty.is_checked()
+    page.get_by_role("button", name="Repetition: penalty on (θ 1.2, W 1024)").click()
+    page.wait_for_function("() => document.querySelector('#max-new input').value === '2000'", timeout=10_000)
+    page.wait_for_timeout(500)
+    assert penalty.is_checked()

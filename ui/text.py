@@ -107,5 +107,5 @@ def legend_html(min_repeat: int) -> str:
             f'<span class="dot" style="background:{SOURCE_COLORS[s]}"></span></span>' for s, name in TINTED.items()]
     keys.append(f'<span class="key"><span class="rep">repeated verbatim</span> (an earlier run of ≥ {min_repeat} '
                 f'tokens)</span>')
-    return ('<div class="legend">Text and plots share one palette: ' + "".join(keys) +
-            '. Dots: the same source in the plots.</div>')
+    return ('<div class="legend">TokenSwift\'s tokens are tinted by where each came from, in the plots\' colours '
+            '(dots): ' + "".join(keys) + '</div>')
