@@ -204,7 +204,8 @@ def _draft_caption(m: MethodTrace, it: int, nodes: list[TreeNode], settings: dic
     auto = settings.get("tree") == "auto"
     if auto and len(nodes) == 1:
         return (f"1. **Draft (tree auto)**: nothing drafted — *{m.plan}*. No candidate was expected to pay for its "
-                f"verification, so this iteration is an AR-cost step: one forward of «{root}» and the target's token.")
+                f"verification, so this iteration is an AR-cost step: one forward of «{root}» and the target's "
+                "token.")
     plan = f" tree=auto kept only the candidates that pay on this machine: *{m.plan}*." if auto else ""
     mode = m.partial_mode
     if mode == "fused" and not (it == 0 and not auto):
@@ -231,10 +232,11 @@ def _accept_caption(nodes: list[TreeNode], acc: list[int], greedy: bool, decode_
     rule = ("took the target's argmax at each visited node" if greedy else
             "drew one target token at each visited node")
     text = f"3. **Accept**: the walk {rule} and went down while a child matched: {len(path)} drafted token(s) accepted"
+    shown = decode_one(bonus) if bonus is not None else "?"
     if emitted:
-        return text + f", then the bonus «{decode_one(bonus) if bonus is not None else '?'}» (the target's own token)."
-    return text + (f"; the run's token limit cut the output after {len(acc)} of them, so the bonus "
-                   f"«{decode_one(bonus) if bonus is not None else '?'}» was drawn but not emitted.")
+        return text + f", then the bonus «{shown}» (the target's own token)."
+    return text + (f"; the run's end (its token limit, or an end-of-text token) cut the output after {len(acc)} of "
+                   f"them, so the bonus «{shown}» was drawn but not emitted.")
 
 
 def _kv_caption(m: MethodTrace) -> str:
@@ -280,7 +282,7 @@ def _node_row(i: int, n: TreeNode, nodes: list[TreeNode], decode_one: DecodeOne,
     if n.parent < 0:
         why = "root: the last accepted token"
     elif cut:
-        why = "accepted, but not emitted: the run's token limit came first"
+        why = "accepted, but not emitted: the run ended first (token limit or end of text)"
     else:
         parent = nodes[n.parent]
         if parent.target_sample is None:

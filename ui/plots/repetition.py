@@ -75,7 +75,8 @@ def chunk_overlap_matrix(tokens: list[int], chunk_size: int, n: int = 4, max_chu
     return matrix
 
 
-def repeated_spans(tokens: list[int], min_len: int = REPEAT_MIN_TOKENS, lookback: int | None = None) -> list[tuple[int, int]]:
+def repeated_spans(tokens: list[int], min_len: int = REPEAT_MIN_TOKENS,
+                   lookback: int | None = None) -> list[tuple[int, int]]:
     """[start, end) spans of `tokens` that repeat verbatim an earlier occurrence of >= `min_len` tokens.
 
     The earlier occurrence starts before the span (it may overlap it, as in a loop) and, when `lookback`
