@@ -216,13 +216,12 @@ def test_step_under_fused_drafting_says_so(page):
 
 
 def test_case_study_presets_set_the_controls(page):
-    page.get_by_role("button", name="Repetition: penalty off").click()
-    page.wait_for_function("() => document.querySelector('#max-new input').value === '2000'", timeout=10_000)
-    assert page.locator("#prompt textarea").input_value().startswith("And it came to pass")
+    expect = pytest.importorskip("playwright.sync_api").expect
     page.get_by_text("Contextual penalty", exact=True).click()  # the accordion
     penalty = page.get_by_label("Penalise tokens of the last W tokens")
-    assert not penalty.is_checked()
+    page.get_by_role("button", name="Repetition: penalty off").click()
+    expect(penalty).not_to_be_checked()
+    expect(page.locator("#max-new input")).to_have_value("1500")
+    assert page.locator("#prompt textarea").input_value().startswith("And it came to pass")
     page.get_by_role("button", name="Repetition: penalty on (θ 1.2, W 1024)").click()
-    page.wait_for_function("() => document.querySelector('#max-new input').value === '2000'", timeout=10_000)
-    page.wait_for_timeout(500)
-    assert penalty.is_checked()
+    expect(penalty).to_be_checked()
