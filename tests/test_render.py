@@ -179,3 +179,11 @@ def test_step_table_labels_probabilities_and_marks_what_the_token_limit_cut():
     assert rows[1][-1].startswith("accepted: the target") and rows[2][-1].startswith("accepted, but not emitted")
     assert rows[3][-1].startswith("rejected")
     assert render.step_explanation(trace.tokenswift, decode_one)[0]  # settings are optional
+
+
+def test_tokens_in_captions_are_visible_and_cannot_inject_markdown():
+    trace = stepped("dynamic", {"tree": "1x3x3x3"}, budget=1024)
+    weird = {1: "\n", 2: " *bold* <b>", 3: "[x](y)", 5: "_", 7: "\t"}
+    text, rows = render.step_explanation(trace.tokenswift, lambda t: weird[t], trace.settings)
+    assert "«⏎»" in text and "bonus «⇥»" in text and "*bold*" not in text and "<b>" not in text
+    assert [r[2] for r in rows] == ["⏎", " *bold* <b>", "[x](y)", "_"]  # the table shows text as it is

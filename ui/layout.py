@@ -102,7 +102,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                         headers=["node", "depth", "token", "source", "proposer score", "target p (full chain)",
                                  "target drew", "why"],
                         label="Draft nodes: candidates, target samples and verdicts", interactive=False, wrap=True,
-                        elem_id="step-table")
+                        column_widths=["5%", "5%", "10%", "7%", "9%", "9%", "10%", "45%"], elem_id="step-table")
                 with gr.Row():
                     c["export"] = gr.Button("Export run (JSON)", elem_id="export-btn")
                     c["export_file"] = gr.File(label="Exported run", interactive=False, elem_id="export-file")

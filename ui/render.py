@@ -1,6 +1,7 @@
 """RunTrace -> what each pane shows. Pure functions; the plots come from ui.plots."""
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from tokenswift.events import TreeNode
@@ -189,6 +190,20 @@ def speed_panel(trace: RunTrace) -> str:
 
 # ---- the classroom step view -------------------------------------------------------------------------------
 
+_CONTROL = str.maketrans({"\n": "⏎", "\r": "␍", "\t": "⇥"})
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~])")
+
+
+def token_text(decode_one: DecodeOne, token: int) -> str:
+    """A token as the step table shows it: line breaks and tabs made visible."""
+    return decode_one(token).translate(_CONTROL)
+
+
+def token_md(decode_one: DecodeOne, token: int) -> str:
+    """A token for a Markdown caption: visible line breaks, Markdown characters escaped (model text)."""
+    return _MARKDOWN.sub(r"\\\1", token_text(decode_one, token))
+
+
 def _accepted_path(nodes: list[TreeNode]) -> list[int]:
     """The accepted drafted nodes (root excluded), shallow to deep."""
     return sorted((i for i, n in enumerate(nodes) if n.accepted and n.parent >= 0), key=lambda i: nodes[i].depth)
@@ -232,7 +247,7 @@ def _accept_caption(nodes: list[TreeNode], acc: list[int], greedy: bool, decode_
     rule = ("took the target's argmax at each visited node" if greedy else
             "drew one target token at each visited node")
     text = f"3. **Accept**: the walk {rule} and went down while a child matched: {len(path)} drafted token(s) accepted"
-    shown = decode_one(bonus) if bonus is not None else "?"
+    shown = token_md(decode_one, bonus) if bonus is not None else "?"
     if emitted:
         return text + f", then the bonus «{shown}» (the target's own token)."
     return text + (f"; the run's end (its token limit, or an end-of-text token) cut the output after {len(acc)} of "
@@ -266,7 +281,7 @@ def step_explanation(m: MethodTrace, decode_one: DecodeOne, settings: dict | Non
     greedy = float(settings.get("temperature", 0.0)) == 0.0
     lines = [
         f"**Iteration {it}.**",
-        _draft_caption(m, it, nodes, settings, decode_one(nodes[0].token)),
+        _draft_caption(m, it, nodes, settings, token_md(decode_one, nodes[0].token)),
         f"2. **Verify**: one forward of all {len(nodes)} nodes (the root and its drafts) over the full cache with "
         "tree attention gave the target's distribution at every node.",
         _accept_caption(nodes, acc, greedy, decode_one),
@@ -290,10 +305,10 @@ def _node_row(i: int, n: TreeNode, nodes: list[TreeNode], decode_one: DecodeOne,
         elif parent.target_sample == n.token:
             why = "accepted: the target drew this token at its parent"
         else:
-            why = f"rejected: the target drew «{decode_one(parent.target_sample)}» at its parent"
-    return [i, n.depth, decode_one(n.token), n.source, round(n.draft_prob, 3),
+            why = f"rejected: the target drew «{token_text(decode_one, parent.target_sample)}» at its parent"
+    return [i, n.depth, token_text(decode_one, n.token), n.source, round(n.draft_prob, 3),
             None if n.target_prob is None else round(n.target_prob, 3),
-            None if n.target_sample is None else decode_one(n.target_sample), why]
+            None if n.target_sample is None else token_text(decode_one, n.target_sample), why]
 
 
 # ---- updates by output name --------------------------------------------------------------------------------
