@@ -1,7 +1,8 @@
 """TokenSwift Live: `python app.py` serves the app on the bundled default model (offline).
 
-Imports stay inside main(): the engine process (tokenswift/serve/engine_process.py) is started with "spawn", which
-imports this file again in the child, and the child needs none of the server's modules.
+The web server holds tokenizers only; every torch call runs in the engine process
+(tokenswift/serve/engine_process.py), started with "spawn": that child imports this file again and needs
+none of the server's modules, so imports stay inside main().
 """
 import os
 import sys
@@ -12,26 +13,28 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 def main() -> None:
     from tokenswift.serve.engine_process import EngineProcess
+    from tokenswift.serve.limits import Limits
+    from tokenswift.serve.models import Codecs
     from ui.layout import CSS, JS, build_demo
     from ui.live import LiveApp
-    from tokenswift.serve.models import ModelCache
 
-    # The server's threads hand the interpreter lock around quickly (step mode and /generate run torch here).
-    sys.setswitchinterval(float(os.environ.get("TOKENSWIFT_SWITCH_INTERVAL", "0.0005")))
-    models = ModelCache()
-    # Runs execute in their own process unless TOKENSWIFT_ENGINE_PROCESS=0 (then on this process's torch thread).
-    engine = None
-    if os.environ.get("TOKENSWIFT_ENGINE_PROCESS", "1").strip() != "0":
-        engine = EngineProcess(models.models, warm=models.names()[0]).start()
-    app = LiveApp(models, engine)
+    try:
+        limits = Limits.from_env()
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    codecs = Codecs()
+    engine = EngineProcess(codecs.models, warm=codecs.names()[0], step_sessions=limits.step_sessions).start()
+    app = LiveApp(codecs, engine, limits)
+    codecs.get(codecs.names()[0])  # the default tokenizer, before the first visitor
     demo = build_demo(app)
-    demo.queue(default_concurrency_limit=1)
+    # Events waiting for a handler slot; engine jobs beyond the limit are refused by the handlers themselves.
+    demo.queue(default_concurrency_limit=1, max_size=4 * app.handler_slots)
     port = int(os.environ.get("GRADIO_SERVER_PORT", "7860"))
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, js=JS, show_error=False)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, js=JS, show_error=False,
+                    max_file_size=limits.max_upload_bytes)
     finally:
-        if engine is not None:
-            engine.close()
+        engine.close()
 
 
 if __name__ == "__main__":

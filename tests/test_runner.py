@@ -40,7 +40,7 @@ def test_runner_streams_events_and_finishes():
 
 def test_stop_ends_the_worker_within_one_iteration():
     gen = tiny_generator()
-    runner = Runner(gen, RunRequest(list(range(5, 30)), ts.Settings(), 50_000)).start()
+    runner = Runner(gen, RunRequest(list(range(5, 30)), ts.Settings(), 8_000)).start()
     deadline = time.monotonic() + 60
     while runner.events.qsize() < 10 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -50,7 +50,7 @@ def test_stop_ends_the_worker_within_one_iteration():
     events = runner.drain()
     assert isinstance(events[-1], Finished) and events[-1].stopped
     steps = events[:-1]
-    assert 0 < max(s.generated for s in steps) < 50_000
+    assert 0 < max(s.generated for s in steps) < 8_000
     print(f"\n[runner] stopped {time.monotonic() - t0:.3f}s after stop()")
 
 
@@ -81,7 +81,7 @@ def test_the_torch_thread_runs_every_job_on_one_thread_and_runs_stoppable_runner
     assert list(worker.iterate(iter([1, 2, 3]))) == [1, 2, 3]
 
     gen = tiny_generator()
-    runner = Runner(gen, RunRequest(list(range(5, 30)), ts.Settings(), 50_000), executor=worker).start()
+    runner = Runner(gen, RunRequest(list(range(5, 30)), ts.Settings(), 8_000), executor=worker).start()
     deadline = time.monotonic() + 60
     while runner.events.qsize() < 5 and time.monotonic() < deadline:
         time.sleep(0.01)

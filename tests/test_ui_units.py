@@ -101,17 +101,19 @@ def test_pane_stats_before_any_token():
 def test_sessions_that_never_close_do_not_pile_up():
     from types import SimpleNamespace
 
-    from ui.live import MAX_SESSIONS, LiveApp
-    from tokenswift.serve.models import ModelCache
+    from tokenswift.serve.limits import Limits
+    from tokenswift.serve.models import Codecs
+    from ui.live import LiveApp
 
-    app = LiveApp(ModelCache({}))
+    cap = 8
+    app = LiveApp(Codecs({}), None, Limits(max_sessions=cap))
     first = app.session(SimpleNamespace(session_hash="s0"))
-    for i in range(1, MAX_SESSIONS + 10):
+    for i in range(1, cap + 10):
         app.session(SimpleNamespace(session_hash=f"s{i}"))
-    assert len(app.sessions) == MAX_SESSIONS and "s0" not in app.sessions
+    assert len(app.sessions) == cap and "s0" not in app.sessions
     assert app.session(SimpleNamespace(session_hash="s0")) is not first  # a fresh one
     busy = app.session(SimpleNamespace(session_hash="busy"))
     busy.runner = SimpleNamespace(alive=True)
-    for i in range(100, 100 + 2 * MAX_SESSIONS):
+    for i in range(100, 100 + 2 * cap):
         app.session(SimpleNamespace(session_hash=f"s{i}"))
     assert app.sessions["busy"] is busy  # a running session is never dropped

@@ -169,7 +169,6 @@ def test_seed_range(seed, ok):
 
 
 @pytest.mark.parametrize("changes,message", [
-    (dict(tree="1x3x3x3x3"), "tree '1x3x3x3x3' has 5 levels; this model drafts at most 4 (its LM head and 3 heads)."),
     (dict(top_k=300), "top_k must be a whole number from 0 (off) to 256 (the vocabulary size); got 300."),
     (dict(kv_budget=10_000), "kv_budget must be a whole number from 2 to 8,192; got 10000."),
     (dict(penalty_window=9000), "penalty_window must be a whole number from 1 to 8,192; got 9000."),
@@ -182,6 +181,7 @@ def test_settings_beyond_the_model_are_refused(changes, message):
         check_generation(gen, [1, 2, 3], ts.Settings(**changes), 10)
     assert str(info.value) == message
     assert check_generation(gen, [1, 2, 3], ts.Settings(), 10.0) == 10
+    assert check_generation(gen, [1, 2, 3], ts.Settings(tree="1x3x3x3x3"), 10) == 10  # trimmed to the heads, not refused
 
 
 def test_without_heads_any_bounded_tree_is_allowed():

@@ -22,12 +22,14 @@ from .partial_cache import PartialKVCache
 from .sampling import UniformStream, decide_rows, penalize_rows, seen_rows
 from .settings import Settings
 from .suffix import SuffixIndex
-from .kinds import Method, Source
+from .codec import decode_ids, encode_text
+from .kinds import Method, PartialMode, Source
+from .validate import NGRAM_NODES, check_generation, validate_seed
 from .tree import AUTO, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
 
 METHODS = tuple(Method)
 PREFILL_CHUNK = 256
-NGRAM_SIZE = 4
+NGRAM_SIZE = NGRAM_NODES  # reused n-grams are 4-grams; the validator bounds the nodes they add
 
 
 @dataclass
@@ -114,13 +116,7 @@ class Generator:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this generator has no tokenizer: pass the prompt as a list of token ids")
-            ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
-            if not ids:
-                start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
-                if start is None:
-                    raise ValueError("the prompt is empty: type some text to start from")
-                ids = [start]
-            return ids
+            return encode_text(self.tokenizer, prompt)
         ids = list(prompt)
         if not ids:
             raise ValueError("the prompt is empty: give at least one token id")
@@ -133,7 +129,7 @@ class Generator:
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return " ".join(map(str, ids))
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decode_ids(self.tokenizer, ids)
 
     def stream(self, prompt: str | list[int], settings: Settings | None = None, max_new_tokens: int = 256,
                method: str = Method.TOKENSWIFT, seed: int = 0, stop: threading.Event | None = None,
@@ -146,9 +142,9 @@ class Generator:
             raise ValueError("settings must be a tokenswift.Settings")
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         ids = self.encode(prompt)
+        max_new_tokens = check_generation(self, ids, settings, max_new_tokens)  # before anything is allocated
+        seed = validate_seed(seed)
         run = _Run(self, ids, settings, max_new_tokens, method, seed, detail)
         return run.steps(stop)
 
@@ -286,9 +282,9 @@ class _Run:
     def cache_state(self, with_positions: bool) -> ev.CacheState:
         f = self.full
         if self.method == Method.AR or not (self.paths or self.auto):
-            mode = "none"
+            mode = PartialMode.NONE
         else:
-            mode = "fused" if self.fused else self.s.kv_mode
+            mode = PartialMode.FUSED if self.fused else PartialMode(self.s.kv_mode)
         state = ev.CacheState(f.length, f.capacity, f.bytes_used(), mode)
         p = self.partial
         if p is not None:

@@ -32,6 +32,16 @@ class KVMode(StrEnum):
     DYNAMIC = "dynamic"  # re-select whenever the recent tail is full
 
 
+class PartialMode(StrEnum):
+    """What an iteration's drafting read (CacheState.partial_mode): a KV mode, or one of these two."""
+
+    NONE = "none"  # nothing is drafted (AR, or no heads and no n-grams)
+    FUSED = "fused"  # the heads read the verification pass: no partial cache
+    FULL = KVMode.FULL.value
+    ONCE = KVMode.ONCE.value
+    DYNAMIC = KVMode.DYNAMIC.value
+
+
 class DraftMode(StrEnum):
     PAPER = "paper"  # a draft forward over the partial cache each iteration (the paper's scheme)
     FUSED = "fused"  # the heads read the verification pass (no draft forward)

@@ -244,9 +244,11 @@ def validate_request(prompt_tokens: int, max_new_tokens: Any, limits: ModelLimit
 
 def check_generation(generator: "Generator", prompt_ids: list[int], settings: "Settings",
                      max_new_tokens: Any) -> int:
-    """Everything `Generator.stream` needs checked against its model before allocating: the settings (tree
-    depth against the heads, top_k against the vocabulary, KV sizes against the positions) and the prompt
-    plus new tokens against the positions. Returns max_new_tokens as an int."""
-    limits = ModelLimits.from_generator(generator)
+    """Everything `Generator.stream` needs checked against its model before allocating: the settings (top_k
+    against the vocabulary, KV sizes against the positions) and the prompt plus new tokens against the
+    positions. Returns max_new_tokens as an int. A tree deeper than the heads is not refused: the generator
+    trims it to them (so the library's default tree works with any number of heads)."""
+    known = ModelLimits.from_generator(generator)
+    limits = ModelLimits(known.max_positions, known.vocab_size)
     validate_settings(settings, limits)
     return validate_request(len(prompt_ids), max_new_tokens, limits, limits.max_positions)

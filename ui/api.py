@@ -1,43 +1,134 @@
-"""The app's public API endpoint `/generate` (gr.api): one method, streamed as JSON lines."""
+"""The app's public API endpoint `/generate` (gr.api): one method, streamed as JSON, run by the engine process."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Callable, Iterator
 
 import gradio as gr
 
 from tokenswift import Settings
-from tokenswift.serve.torch_thread import TORCH
+from tokenswift.kinds import Method
+from tokenswift.serve.detok import IncrementalText
+from tokenswift.serve.runner import Finished, RunRequest
 
-from .controls import MAX_NEW_TOKENS
-from .live import LiveApp
+from .live import POLL_S, LiveApp
+
+UPDATE_PERIOD_S = 0.25  # at most this often a streamed update (each holds only the text that is new)
 
 
 def api_generate(app: LiveApp) -> Callable:
     def generate(prompt: str, max_new_tokens: int = 200, method: str = "tokenswift", settings_json: str = "{}",
-                 seed: int = 0, model: str = "") -> Iterator[str]:
+                 seed: int = 0, model: str = "", request: gr.Request = None) -> Iterator[str]:
         """Stream a generation. `settings_json` holds tokenswift.Settings fields, e.g.
-        {"temperature": 1.0, "min_p": 0.1, "penalty": 1.2}. Yields JSON strings
-        {"text", "new_tokens", "done", "stats"}; the last one has done = true."""
+        {"temperature": 1.0, "min_p": 0.1, "penalty": 1.2}. Yields JSON strings: while waiting
+        {"queued": runs ahead}; then {"delta": the new text, "new_tokens", "done", "stats"}; the last one
+        has done = true and also the whole "text"."""
+        settings, n, chosen, name, seed = _checked(app, prompt, max_new_tokens, method, settings_json, seed, model)
+        codec = app.codec(name)
+        ids = app.prompt_ids(codec, prompt, n, app.limits.max_new_tokens_api)
+        settings = app.settings_for(codec, settings)
+        session = app.session(request)
+        if session.runner is not None and session.runner.alive:
+            raise gr.Error("This session already has a generation running: wait for it to end (one at a time per client).")
+        app.admit()
+        runner = app.engine.runner(name, RunRequest(ids, settings, n, seed, methods=(chosen,)), app.limits.request_timeout_s)
+        session.runner = runner.start()
+        text = IncrementalText(codec.decode)
+        new: list[int] = []
+        stats: dict = {}
+        last_sent, last_ahead = 0.0, -1
         try:
-            settings = Settings.from_dict(json.loads(settings_json or "{}"))
-        except (ValueError, TypeError) as exc:
-            raise gr.Error(f"invalid settings: {exc}") from None
-        if method not in ("ar", "tokenswift"):
-            raise gr.Error("method must be 'ar' or 'tokenswift'")
-        if not isinstance(max_new_tokens, (int, float)) or not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
-            raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}")
-        name = model or app.models.names()[0]
-        gen = app._generator(name)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise gr.Error("prompt must be a non-empty string")
-        ids: list[int] = []
-        iterations, compute = 0, 0.0
-        for step in TORCH.iterate(gen.stream(prompt, settings, int(max_new_tokens), method=method, seed=int(seed))):
-            ids.extend(step.token_ids)
-            iterations, compute = step.index + 1, step.elapsed_s
-            stats = {"method": method, "iterations": iterations, "new_tokens": len(ids),
-                     "mean_accepted": len(ids) / iterations, "compute_s": compute,
-                     "tokens_per_s": len(ids) / compute if compute else 0.0}
-            yield json.dumps({"text": gen.decode(ids), "new_tokens": len(ids), "done": step.done, "stats": stats})
+            while True:
+                finished = None
+                for event in runner.drain():
+                    if isinstance(event, Finished):
+                        finished = event
+                    else:
+                        new.extend(event.token_ids)
+                        stats = _stats(chosen, event, len(new))
+                if finished is not None:
+                    if finished.error:
+                        raise gr.Error(f"The generation failed: {finished.error}")
+                    delta = text.add(new[len(text.ids):]) + text.finish()
+                    yield json.dumps({"delta": delta, "new_tokens": len(new), "done": True, "stats": stats,
+                                      "stopped": finished.stopped, "timed_out": finished.timed_out,
+                                      "text": codec.decode(new)})
+                    return
+                now = time.monotonic()
+                if not new:
+                    ahead = runner.ahead
+                    if ahead != last_ahead and ahead:
+                        last_ahead = ahead
+                        yield json.dumps({"queued": ahead, "new_tokens": 0, "done": False})
+                elif now - last_sent >= UPDATE_PERIOD_S and len(new) > len(text.ids):
+                    last_sent = now
+                    yield json.dumps({"delta": text.add(new[len(text.ids):]), "new_tokens": len(new), "done": False,
+                                      "stats": stats})
+                time.sleep(POLL_S)
+        finally:
+            runner.stop()  # a client that disconnects ends its job within one iteration
     return generate
+
+
+def _checked(app: LiveApp, prompt, max_new_tokens, method, settings_json, seed, model):
+    """Every argument checked before anything runs; each refusal is one sentence."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise gr.Error("prompt must be a non-empty string")
+    if method not in tuple(Method):
+        raise gr.Error("method must be 'ar' or 'tokenswift'")
+    limit = app.limits.max_new_tokens_api
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, float)) \
+            or max_new_tokens != int(max_new_tokens) or not 1 <= max_new_tokens <= limit:
+        raise gr.Error(f"max_new_tokens must be a whole number from 1 to {limit:,}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, float)) or seed != int(seed) or not 0 <= seed < 2**63:
+        raise gr.Error("seed must be a whole number from 0 to 2**63 - 1")
+    if not isinstance(settings_json, str) or len(settings_json) > 10_000:
+        raise gr.Error("settings_json must be a JSON object of tokenswift.Settings fields (at most 10,000 characters)")
+    try:
+        data = json.loads(settings_json or "{}")
+        if not isinstance(data, dict):
+            raise ValueError("settings_json must be a JSON object such as {\"temperature\": 1.0}")
+        settings = Settings.from_dict(data)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise gr.Error(f"invalid settings: {exc}") from None
+    if not isinstance(model, str):
+        raise gr.Error("model must be a string (empty: the default model)")
+    name = model or app.codecs.names()[0]
+    return settings, int(max_new_tokens), Method(method), name, int(seed)
+
+
+def _stats(method: str, step, new_tokens: int) -> dict:
+    iterations, compute = step.index + 1, step.elapsed_s
+    return {"method": method, "iterations": iterations, "new_tokens": new_tokens,
+            "mean_accepted": new_tokens / iterations, "compute_s": compute,
+            "tokens_per_s": new_tokens / compute if compute else 0.0}
+
+
+def api_health(app: LiveApp) -> Callable:
+    def health() -> str:
+        """The server's state as JSON: jobs queued or running in the engine (and the limit), the engine's
+        process id, resident and peak memory of the server and of the engine (MiB), the server's threads."""
+        engine_pid = app.engine.pid if app.engine is not None else None
+        return json.dumps({
+            "pending": app.engine.pending if app.engine is not None else 0, "queue_size": app.limits.queue_size,
+            "engine_pid": engine_pid, "server_threads": threading.active_count(),
+            "server_rss_mb": memory_mb("self", "VmRSS:"), "server_peak_mb": memory_mb("self", "VmHWM:"),
+            "engine_rss_mb": memory_mb(engine_pid, "VmRSS:") if engine_pid else None,
+            "engine_peak_mb": memory_mb(engine_pid, "VmHWM:") if engine_pid else None,
+            "engine_threads": sum(t.name.startswith("tokenswift-engine") for t in threading.enumerate()),
+            "sessions": len(app.sessions)})
+    return health
+
+
+def memory_mb(pid, field: str) -> float | None:
+    """A memory figure of a process from /proc/<pid>/status (Linux), in MiB; None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None

@@ -8,7 +8,7 @@ import gradio as gr
 
 from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
 from .controls import UI_DEFAULTS as D
-from .api import api_generate
+from .api import api_generate, api_health
 from .live import LiveApp
 from .plots import REPEAT_MIN_TOKENS
 from .presets import PRESETS
@@ -66,7 +66,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["kv_budget"] = gr.Number(label="Partial KV budget (positions)", value=D["kv_budget"], precision=0)
                     c["draft"] = gr.Radio(["paper", "fused"], value=D["draft"], label="Drafting",
                                           info="paper: a draft forward over the partial cache (the paper); fused: the heads read the verification pass (no draft forward; faster on a CPU)")
-                c["model"] = gr.Dropdown(app.models.names(), value=app.models.names()[0], label="Model")
+                c["model"] = gr.Dropdown(app.codecs.names(), value=app.codecs.names()[0], label="Model")
                 with gr.Accordion("Case studies", open=True):
                     gr.Markdown("Set the controls for a comparison, then press **Run**: same prompt, seed and "
                                 "sampling, only the contextual penalty differs.")
@@ -118,10 +118,10 @@ def build_demo(app: LiveApp) -> gr.Blocks:
 
         # No per-output progress overlays: their animations and timers keep the browser busy (measured),
         # and the status line already reports progress.
-        run_event = c["run"].click(_by_name(app.run, c, streaming=True), inputs, views, concurrency_limit=1,
+        run_event = c["run"].click(_by_name(app.run, c, streaming=True), inputs, views, concurrency_limit=app.handler_slots,
                                    concurrency_id="engine", api_visibility="private", show_progress="hidden")
         c["stop"].click(app.stop, None, c["status"], api_visibility="private")
-        c["step"].click(_by_name(app.step, c), inputs, views, concurrency_limit=1, concurrency_id="engine",
+        c["step"].click(_by_name(app.step, c), inputs, views, concurrency_limit=app.handler_slots, concurrency_id="engine",
                         api_visibility="private")
         c["export"].click(app.export, None, c["export_file"], api_visibility="private")
         c["replay_file"].upload(_by_name(app.replay, c), c["replay_file"], views, api_visibility="private")
@@ -130,7 +130,8 @@ def build_demo(app: LiveApp) -> gr.Blocks:
             button.click(_setter(PRESETS[name], c), None, [c[k] for k in PRESETS[name]], api_visibility="private")
         demo.unload(app.close_session)
         _ = run_event
-        gr.api(api_generate(app), api_name="generate", concurrency_limit=1, concurrency_id="engine")
+        gr.api(api_generate(app), api_name="generate", concurrency_limit=app.handler_slots, concurrency_id="engine")
+        gr.api(api_health(app), api_name="health", concurrency_limit=None)
     return demo
 
 

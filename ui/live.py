@@ -1,8 +1,9 @@
 """Event handlers of the app: run, stop, step, export, replay. One `LiveApp` per server.
 
-Per-session objects (the running worker, the classroom step session) live in `sessions`, keyed by the
-browser session; they are dropped when the tab closes. Handlers turn every user mistake into a
-`gr.Error` message and never let an exception take the server down.
+The server holds tokenizers only: every torch call (Run, Step and the API) is a job of the engine process
+(tokenswift/serve/engine_process.py). Per-session state (the running job, the trace shown) lives in
+`sessions`, keyed by the browser session, and is dropped when the tab closes. Handlers turn every user
+mistake into a `gr.Error` message and never let an exception take the server down.
 """
 from __future__ import annotations
 
@@ -14,47 +15,57 @@ from typing import Any, Iterator
 
 import gradio as gr
 
+from tokenswift import Settings
+from tokenswift.serve.engine_process import EngineProcess, ProcessRunner
+from tokenswift.serve.export import load_trace_file, write_trace_file
+from tokenswift.serve.limits import Limits
+from tokenswift.serve.models import Codec, Codecs
+from tokenswift.serve.runner import Finished, RunRequest
+from tokenswift.serve.trace import RunTrace
+from tokenswift.validate import validate_request, validate_settings
+
 from . import render
 from .controls import RunControls, parse_controls
-from tokenswift.serve.export import load_trace_file, write_trace_file
-from tokenswift.serve.models import ModelCache
-from tokenswift.serve.engine_process import EngineProcess
-from tokenswift.serve.runner import Finished, RunHandle, Runner, RunRequest
-from tokenswift.serve.torch_thread import TORCH
-from tokenswift.serve.trace import RunTrace
 
 TEXT_PERIOD_S = 0.5  # text and stats refresh
 # plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it
 PLOT_PERIOD_S = float(os.environ.get("TOKENSWIFT_PLOT_PERIOD", "1.5"))
 POLL_S = 0.05
-MAX_SESSIONS = 32  # sessions whose last run (trace, step state) the server keeps for export and replay
 UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
+STEP_WAIT_S = 5.0
+CHARS_PER_TOKEN = 20  # a prompt longer than this many characters per allowed token is refused untokenized  # beyond the request time limit, how long a Step waits for the engine's answer
 
 
 @dataclass
 class Session:
-    runner: RunHandle | None = None
+    runner: ProcessRunner | None = None
     trace: RunTrace | None = None
     model: str = ""
     greedy: bool = True
-    step_stream: Iterator | None = None
-    step_key: tuple | None = None
+    step_key: RunRequest | None = None  # the classroom run the engine holds for this session
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class LiveApp:
-    """`engine`: the process that executes runs (see tokenswift/serve/engine_process.py); None runs them on this
-    process's torch thread."""
-
-    def __init__(self, models: ModelCache, engine: EngineProcess | None = None) -> None:
-        self.models = models
+    def __init__(self, codecs: Codecs, engine: EngineProcess | None, limits: Limits | None = None) -> None:
+        self.codecs = codecs
         self.engine = engine
+        self.limits = limits or Limits()
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
+    @property
+    def handler_slots(self) -> int:
+        """Handlers of engine jobs that may run at once: the queue, plus room for the ones that refuse."""
+        return self.limits.queue_size + 2
+
     # ---- sessions ---------------------------------------------------------------------------------------
+    @staticmethod
+    def key(request: gr.Request | None) -> str:
+        return getattr(request, "session_hash", None) or "anonymous"
+
     def session(self, request: gr.Request | None) -> Session:
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = self.key(request)
         with self._lock:
             session = self.sessions.pop(key, None) or Session()
             self.sessions[key] = session  # most recently used last
@@ -63,8 +74,8 @@ class LiveApp:
 
     def _evict_idle(self) -> None:
         """Clients that never close their session (API scripts, crashed tabs) must not pile up traces: past
-        MAX_SESSIONS, the least recently used sessions without a running run are dropped."""
-        excess = len(self.sessions) - MAX_SESSIONS
+        `max_sessions`, the least recently used sessions without a running job are dropped."""
+        excess = len(self.sessions) - self.limits.max_sessions
         for key in list(self.sessions):
             if excess <= 0:
                 break
@@ -74,47 +85,80 @@ class LiveApp:
                 excess -= 1
 
     def close_session(self, request: gr.Request) -> None:
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = self.key(request)
         with self._lock:
             session = self.sessions.pop(key, None)
         if session is not None and session.runner is not None:
             session.runner.stop()
+        if self.engine is not None:
+            self.engine.forget(key)
 
+    # ---- shared checks ----------------------------------------------------------------------------------
     def _controls(self, values: tuple) -> RunControls:
         try:
-            return parse_controls(*values)
+            controls = parse_controls(*values)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        return controls
+
+    def codec(self, name: str) -> Codec:
+        try:
+            return self.codecs.get(name)
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
 
-    def _generator(self, name: str):
+    def prompt_ids(self, codec: Codec, prompt: str, max_new_tokens: int, max_new_limit: int) -> list[int]:
+        """The prompt's ids, refused with a message when it (with the new tokens) does not fit the limits.
+        A character cap comes first, so that megabytes are never tokenized."""
+        max_tokens = self.limits.max_prompt_tokens
+        if len(prompt) > max_tokens * CHARS_PER_TOKEN:
+            raise gr.Error(f"The prompt is {len(prompt):,} characters long; at most {max_tokens * CHARS_PER_TOKEN:,} "
+                           f"characters ({max_tokens:,} tokens) are allowed here.")
         try:
-            return self.models.get(name)
+            ids = codec.encode(prompt)
+            validate_request(len(ids), max_new_tokens, codec.limits, max_new_limit, max_tokens)
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
+        return ids
+
+    def settings_for(self, codec: Codec, settings: Settings) -> Settings:
+        """`settings` checked against the model (top_k against its vocabulary, KV sizes against its positions)."""
+        try:
+            return validate_settings(settings, codec.limits)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+
+    def admit(self, session: Session | None = None) -> None:
+        """Refuse a job with a clear message when the engine's queue is full (the session's own running job
+        does not count: a new Run replaces it)."""
+        if self.engine is None:
+            raise gr.Error("This server has no engine process.")
+        own = 1 if session is not None and session.runner is not None and session.runner.alive else 0
+        if self.engine.pending - own >= self.limits.queue_size:
+            raise gr.Error(f"The server is busy: {self.engine.pending} runs are queued or running (at most "
+                       f"{self.limits.queue_size}). Please try again in a minute.")
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self, *values, request: gr.Request = None) -> Iterator[dict]:
         """Streams both panes. Yields dicts keyed by output name (mapped to components by the layout)."""
         controls = self._controls(values)
-        gen = self._generator(controls.model)
-        try:
-            prompt_ids = gen.encode(controls.prompt)
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+        codec = self.codec(controls.model)
+        prompt_ids = self.prompt_ids(codec, controls.prompt, controls.max_new_tokens, self.limits.max_new_tokens_ui)
+        self.settings_for(codec, controls.settings)
         session = self.session(request)
+        self.admit(session)
         if session.runner is not None:
             session.runner.stop()
+        self.engine.forget(self.key(request))  # a Step after this Run starts a new classroom run
         trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
-        request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
-        if self.engine is not None:
-            runner = self.engine.runner(controls.model, request)
-        else:
-            runner = Runner(gen, request, executor=TORCH)
+        run_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
+        runner = self.engine.runner(controls.model, run_request, self.limits.request_timeout_s)
         session.runner, session.trace, session.model = runner, trace, controls.model
-        session.greedy = controls.settings.greedy
+        session.greedy, session.step_key = controls.settings.greedy, None
         runner.start()
-        decode, decode_one = gen.decode, _one(gen)
+        decode, decode_one = codec.decode, codec.decode_one
         next_text = next_plot = 0.0
+        started = False
         try:
             yield {"status": "Prefilling the prompt…"}
             while True:
@@ -124,25 +168,31 @@ class LiveApp:
                         finished = event
                     else:
                         trace.add(event)
+                        started = True
                 now = time.monotonic()
                 if finished is not None:
-                    yield render.full_update(trace, decode, decode_one, session.greedy, _final_status(finished, trace))
+                    yield render.full_update(trace, decode, decode_one, session.greedy, final_status(finished, trace))
                     return
-                # Pace the updates by their own cost, so that rendering never takes more than UI_SHARE of the
-                # time (with TOKENSWIFT_ENGINE_PROCESS=0 it shares the interpreter with the engine thread).
-                if now >= next_plot:
-                    update = render.full_update(trace, decode, decode_one, session.greedy, _running_status(trace))
+                if not started:
+                    ahead = runner.ahead
+                    if ahead and now >= next_text:
+                        next_text = now + TEXT_PERIOD_S
+                        yield {"status": f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours (the engine "
+                                         "runs one at a time)…"}
+                # Pace the updates by their own cost, so that rendering never takes more than UI_SHARE of the time.
+                elif now >= next_plot:
+                    update = render.full_update(trace, decode, decode_one, session.greedy, running_status(trace))
                     cost = time.monotonic() - now
                     next_plot = now + max(PLOT_PERIOD_S, cost / UI_SHARE)
                     next_text = now + max(TEXT_PERIOD_S, cost / UI_SHARE / 3)
                     yield update
                 elif now >= next_text:
-                    update = render.text_update(trace, decode, session.greedy, _running_status(trace))
+                    update = render.text_update(trace, decode, session.greedy, running_status(trace))
                     next_text = now + max(TEXT_PERIOD_S, (time.monotonic() - now) / UI_SHARE)
                     yield update
                 time.sleep(POLL_S)
         finally:
-            runner.stop()  # Stop button, closed tab or an error: the worker ends within one iteration
+            runner.stop()  # Stop button, closed tab or an error: the engine ends the job within one iteration
 
     def stop(self, request: gr.Request = None) -> str:
         session = self.session(request)
@@ -154,77 +204,93 @@ class LiveApp:
     # ---- classroom step mode ----------------------------------------------------------------------------------
     def step(self, *values, request: gr.Request = None) -> dict:
         controls = self._controls(values)
-        gen = self._generator(controls.model)
+        codec = self.codec(controls.model)
+        prompt_ids = self.prompt_ids(codec, controls.prompt, controls.max_new_tokens, self.limits.max_new_tokens_ui)
+        self.settings_for(codec, controls.settings)
         session = self.session(request)
-        key = (controls.prompt, controls.model, controls.seed, tuple(sorted(controls.settings.to_dict().items())))
+        step_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
         with session.lock:
-            if session.step_stream is None or session.step_key != key:
-                try:
-                    prompt_ids = gen.encode(controls.prompt)
-                except ValueError as exc:
-                    raise gr.Error(str(exc)) from None
-                session.step_stream = gen.stream(prompt_ids, controls.settings, controls.max_new_tokens,
-                                                 method="tokenswift", seed=controls.seed)
-                session.step_key = key
+            self.admit(session)
+            if session.runner is not None:
+                session.runner.stop()  # a Step during a Run ends the Run: the page now shows the classroom run
+            if session.step_key != step_request or session.trace is None:
                 session.trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
                 session.model, session.greedy = controls.model, controls.settings.greedy
-            step = TORCH.call(next, session.step_stream, None)
-            if step is None:
-                session.step_stream = None
+                session.step_key = step_request
+            runner = self.engine.stepper(self.key(request), controls.model, step_request, self.limits.request_timeout_s)
+            session.runner = runner.start()
+            if not runner.join(self.limits.request_timeout_s + STEP_WAIT_S):
+                runner.stop()
+                raise gr.Error("The engine did not answer in time; try again.")
+            trace = session.trace
+            events = runner.drain()
+            finished = events[-1] if events and isinstance(events[-1], Finished) else Finished(None, False)
+            steps = [e for e in events if not isinstance(e, Finished)]
+            for step in steps:
+                trace.add(step)
+            if finished.error:
+                session.step_key = None
+                raise gr.Error(f"The step failed: {finished.error}")
+            if not steps:
+                session.step_key = None
                 return {"step_caption": "The run reached its token limit: press Step again to start over.",
                         "status": "Step mode: finished."}
-            trace = session.trace
-            trace.add(step)
-        return render.step_update(trace, gen.decode, _one(gen), session.greedy,
-                                  f"Step mode: iteration {step.index} done ({trace.tokenswift.generated:,} tokens).")
+            if steps[-1].done:
+                session.step_key = None  # the next Step starts over
+        status = f"Step mode: iteration {steps[-1].index} done ({trace.tokenswift.generated:,} tokens)."
+        return render.step_update(trace, codec.decode, codec.decode_one, session.greedy, status)
 
     # ---- export and replay ----------------------------------------------------------------------------------
     def export(self, request: gr.Request = None) -> str:
         session = self.session(request)
         if session.trace is None:
-            raise gr.Error("Nothing to export yet: run or step first.")
-        gen = self._generator(session.model)
-        return write_trace_file(session.trace, gen.decode, session.model)
+            raise gr.Error("Nothing to export yet: run or step first (or the server no longer holds your last run).")
+        return write_trace_file(session.trace, self.codec(session.model).decode, session.model)
 
     def replay(self, path: str | None, request: gr.Request = None) -> dict:
         if not path:
             raise gr.Error("Choose a trace file (.json) exported by this app.")
-        try:
-            trace, data = load_trace_file(path)
+        names = self.codecs.names()
+
+        def vocab_size(model: str) -> int:
+            return self.codec(model if model in names else names[0]).limits.vocab_size
+
+        try:  # size, schema and ranges checked before anything is built; the session is replaced only after
+            trace, data = load_trace_file(path, max_bytes=self.limits.max_upload_bytes, vocab_size=vocab_size)
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
         model = data.get("model", "")
-        gen = self.models.get(model) if model in self.models.models else self.models.get(self.models.names()[0])
+        model = model if model in names else names[0]
+        codec = self.codec(model)
         greedy = float(trace.settings.get("temperature", 0.0)) == 0.0
-        session = self.session(request)
-        session.trace, session.model, session.greedy = trace, model if model in self.models.models else self.models.names()[0], greedy
-        return render.full_update(trace, gen.decode, _one(gen), greedy,
-                                 f"Replaying a saved run ({trace.tokenswift.generated:,} + {trace.ar.generated:,} tokens).")
+        update = render.full_update(trace, codec.decode, codec.decode_one, greedy,
+                                    f"Replaying a saved run ({trace.tokenswift.generated:,} + {trace.ar.generated:,} tokens).")
+        session = self.session(request)  # replaced only once the file has loaded and rendered
+        if session.runner is not None:
+            session.runner.stop()
+        self.engine.forget(self.key(request))
+        session.trace, session.model, session.greedy, session.step_key = trace, model, greedy, None
+        return update
 
     def pick_tree(self, iteration: float | None, request: gr.Request = None) -> Any:
         session = self.session(request)
         if session.trace is None:
             raise gr.Error("No run yet.")
-        gen = self._generator(session.model)
         pick = None if iteration is None or iteration < 0 else int(iteration)
-        return render.tree_figure(session.trace.tokenswift, _one(gen), pick)
+        return render.tree_figure(session.trace.tokenswift, self.codec(session.model).decode_one, pick)
 
 
-def _one(gen):
-    def decode_one(token: int) -> str:
-        return gen.decode([token])
-
-    return decode_one
-
-
-def _running_status(trace: RunTrace) -> str:
+def running_status(trace: RunTrace) -> str:
     return (f"Running… TokenSwift {trace.tokenswift.generated:,} and AR {trace.ar.generated:,} of "
             f"{trace.max_new_tokens:,} tokens")
 
 
-def _final_status(finished: Finished, trace: RunTrace) -> str:
+def final_status(finished: Finished, trace: RunTrace) -> str:
     if finished.error:
         return f"⚠️ The run ended with an error: {finished.error}"
+    if finished.timed_out:
+        return (f"⏱️ Stopped at the time limit of this server at TokenSwift {trace.tokenswift.generated:,} / AR "
+                f"{trace.ar.generated:,} tokens.")
     if finished.stopped:
         return f"Stopped at TokenSwift {trace.tokenswift.generated:,} / AR {trace.ar.generated:,} tokens."
     return f"Done: {trace.tokenswift.generated:,} tokens each."

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from tokenswift.events import TreeNode
-from tokenswift.kinds import DraftMode, KVMode, Method, Source
+from tokenswift.kinds import Method, PartialMode, Source
 from tokenswift.settings import Settings
 
-from .trace import CHANGE_COLUMNS, ITERATION_COLUMNS, NO_PARTIAL, TREES_KEPT, U32, U64, EventLog, RunTrace
+from .trace import CHANGE_COLUMNS, ITERATION_COLUMNS, TREES_KEPT, U32, U64, EventLog, RunTrace
 
 FORMAT = "tokenswift-live-trace/2"
 OLD_FORMATS = ("tokenswift-live-trace/1",)
@@ -37,7 +37,7 @@ MAX_REAL = 1e9  # seconds, and the magnitude of a real-valued setting
 
 TOKEN_SOURCES = tuple(s for s in Source if s != Source.ROOT)
 NODE_SOURCES = tuple(s for s in Source if s not in (Source.BONUS, Source.AR))
-PARTIAL_MODES = (NO_PARTIAL, DraftMode.FUSED, *KVMode)
+PARTIAL_MODES = tuple(PartialMode)
 
 
 class TraceFileError(ValueError):

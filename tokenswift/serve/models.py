@@ -1,13 +1,20 @@
-"""The models the app may load: an allowlist, never arbitrary paths typed by a user."""
+"""The models a server may load: an allowlist, never arbitrary paths typed by a user.
+
+Two views of each allowed model:
+- `Codec` (the web server): its tokenizer and the numbers the validator needs (maximum positions,
+  vocabulary size), read from its files without loading any weight;
+- `ModelCache` (the engine process): the loaded `Generator`, weights included.
+"""
 from __future__ import annotations
 
+import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-from tokenswift import Generator
-
-from .torch_thread import TORCH
+from ..codec import decode_ids, encode_text
+from ..validate import ModelLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_NAME = "default: Austen & KJV, 16M (bundled)"
@@ -25,30 +32,77 @@ def allowlist() -> dict[str, str]:
     return models
 
 
-class ModelCache:
-    """Loads each allowed model once, on first use; shared read-only by every session."""
+def _check_name(models: dict[str, str], name: str) -> str:
+    if name not in models:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(models)}")
+    path = models[name]
+    if not Path(path).exists():
+        raise ValueError(f"model files not found at {path}")
+    return path
+
+
+@dataclass(frozen=True)
+class Codec:
+    """A model as the web server sees it: text <-> ids, and its size limits. No weights, no torch work."""
+
+    name: str
+    tokenizer: object
+    limits: ModelLimits  # maximum positions and vocabulary size, for the validator
+
+    @classmethod
+    def load(cls, name: str, path: str) -> "Codec":
+        from transformers import AutoTokenizer
+
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        positions = config.get("max_position_embeddings") or config.get("n_positions")
+        return cls(name, tokenizer, ModelLimits(int(positions), int(config["vocab_size"])))
+
+    def encode(self, text: str) -> list[int]:
+        return encode_text(self.tokenizer, text)
+
+    def decode(self, ids: list[int]) -> str:
+        return decode_ids(self.tokenizer, ids)
+
+    def decode_one(self, token: int) -> str:
+        return decode_ids(self.tokenizer, [token])
+
+
+class Codecs:
+    """The server's codecs, loaded once on first use."""
 
     def __init__(self, models: dict[str, str] | None = None) -> None:
         self.models = models if models is not None else allowlist()
-        self._loaded: dict[str, Generator] = {}
+        self._loaded: dict[str, Codec] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
         return list(self.models)
 
-    def get(self, name: str) -> Generator:
-        if name not in self.models:
-            raise ValueError(f"unknown model {name!r}: choose one of {', '.join(self.models)}")
+    def get(self, name: str) -> Codec:
         with self._lock:
             if name not in self._loaded:
-                path = self.models[name]
-                if not Path(path).exists():
-                    raise ValueError(f"model files not found at {path}")
-                self._loaded[name] = TORCH.call(Generator.from_pretrained, path)
+                self._loaded[name] = Codec.load(name, _check_name(self.models, name))
             return self._loaded[name]
 
-    def add(self, name: str, generator: Generator) -> None:
-        """Register an already loaded generator (tests, notebooks)."""
+
+class ModelCache:
+    """The engine's loaded generators: each allowed model loaded once, on first use, on the torch thread."""
+
+    def __init__(self, models: dict[str, str] | None = None) -> None:
+        self.models = models if models is not None else allowlist()
+        self._loaded: dict = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        return list(self.models)
+
+    def get(self, name: str):
+        from tokenswift import Generator
+
+        from .torch_thread import TORCH
+
         with self._lock:
-            self.models.setdefault(name, "<in memory>")
-            self._loaded[name] = generator
+            if name not in self._loaded:
+                self._loaded[name] = TORCH.call(Generator.from_pretrained, _check_name(self.models, name))
+            return self._loaded[name]

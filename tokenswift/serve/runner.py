@@ -28,10 +28,13 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class Finished:
-    """The worker's last event: why it ended (None: completed or stopped) and whether it was stopped."""
+    """A job's last event: why it ended (error None: completed or stopped) and whether it was stopped.
+    timed_out: stopped by the request time limit; exhausted: a classroom Step found its run at its end."""
 
     error: str | None
     stopped: bool
+    timed_out: bool = False
+    exhausted: bool = False
 
 
 class Executor(Protocol):

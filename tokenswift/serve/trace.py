@@ -17,11 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from tokenswift.events import AcceptedToken, CacheState, Step, Timings, TreeNode
-from tokenswift.kinds import DRAFTED, Method, Source
+from tokenswift.kinds import DRAFTED, Method, Source, PartialMode
 
 SERIES_CAP = 2048
 TREES_KEPT = 32  # draft trees (and auto's plans) kept for the most recent iterations
-NO_PARTIAL = "none"  # CacheState.partial_mode of a run without a partial cache (AR)
 U32, U64 = 2**32 - 1, 2**64 - 1  # the largest values of the "I" and "Q" columns
 SOURCES = {str(s): s for s in Source}
 
@@ -224,7 +223,7 @@ class MethodTrace:
     refresh_at: list[int] = field(default_factory=list)  # generated-token counts where the partial cache refreshed
     held_runs: list[tuple[int, int]] = field(default_factory=list)  # sink + selected runs at the last refresh
     partial_budget: int = 0
-    partial_mode: str = NO_PARTIAL
+    partial_mode: str = PartialMode.NONE
     cache_length: int = 0
     trees: deque = field(default_factory=lambda: deque(maxlen=TREES_KEPT))  # (iteration, [TreeNode], [accepted])
     done: bool = False
