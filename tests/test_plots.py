@@ -168,7 +168,7 @@ def test_tree_layout_is_tidy():
     all_points = [(x, y) for t in by_meta(fig, "nodes") + by_meta(fig, "bonus") for x, y in zip(t.x, t.y)]
     assert len(set(all_points)) == len(all_points)  # no two markers on top of each other
     assert len({y for y in ys}) >= len(leaves) + 1  # every leaf (and the bonus) has its own row
-    root_y = next(t.y[0] for t in by_meta(fig, "nodes") if t.name == "root")
+    root_y = next(t.y[0] for t in by_meta(fig, "nodes") if t.name == "root token")
     assert min(ys) < root_y < max(ys)
 
 

@@ -35,6 +35,8 @@ import time
 
 import torch
 
+from .kinds import Method
+
 
 def random_llama(seed: int = 0, dtype: torch.dtype = torch.float32):
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -60,7 +62,7 @@ def ar_vs_hf(new: int, repeats: int, dtype: torch.dtype) -> dict:
     ours_tps, hf_tps, same = [], [], True
     for _ in range(repeats):
         t = time.perf_counter()
-        ours = gen.generate(prompt, Settings(), new, method="ar").token_ids
+        ours = gen.generate(prompt, Settings(), new, method=Method.AR).token_ids
         ours_tps.append(new / (time.perf_counter() - t))  # wall time including prefill, like HF's
         t = time.perf_counter()
         with torch.no_grad():
@@ -134,7 +136,7 @@ def context(model: str, text_path: str, contexts: list[int], tokens: int) -> dic
     for length in contexts:
         if len(ids) < length:
             raise ValueError(f"--text has {len(ids):,} tokens, fewer than the {length:,} asked for")
-        for method in ("ar", "tokenswift"):
+        for method in Method:
             steps = [s for s in gen.stream(ids[:length], settings, tokens, method=method, seed=0) if s.index > 0]
             made = sum(s.accepted_length for s in steps)
             draft = sum(s.timings.draft_s for s in steps)
@@ -159,7 +161,7 @@ def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty:
     gen = Generator.from_pretrained(model)
     with open(text_path, encoding="utf-8") as f:
         ids = gen.encode(split_text(f.read())[1])[:context]
-    out = gen.generate(ids, Settings(penalty=penalty), tokens, method="ar").token_ids
+    out = gen.generate(ids, Settings(penalty=penalty), tokens, method=Method.AR).token_ids
     rows = {}
     for limit in (1, 2, 4, 8, 16):
         index, i, iterations = SuffixIndex(), 0, 0
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     m = sub.add_parser("memory", help="resident memory while one generation streams")
     m.add_argument("--model", default="assets/default-model")
-    m.add_argument("--method", default="ar", choices=["ar", "tokenswift"])
+    m.add_argument("--method", default=Method.AR, choices=list(Method))
     m.add_argument("--tokens", type=int, default=1000)
     m.add_argument("--every", type=int, default=250)
     c = sub.add_parser("context", help="AR and TokenSwift speed after long prompts")

@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from .kinds import Method
 from .settings import PAPER_SAMPLING, Settings
 from .tree import AUTO
 
@@ -269,7 +270,7 @@ def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, lis
                         rec = {"context": context, "sampling": row, "method": method, "repeat": r, "order": slot}
                         if method in OURS:
                             s = method_settings(row, method, auto_tree)
-                            engine = "ar" if method == "ours-ar" else "tokenswift"
+                            engine = Method.AR if method == "ours-ar" else Method.TOKENSWIFT
                             new, stats = ours_generate(gen, ids, s, tokens, engine, seed)
                             rec.update(stats)
                         else:
@@ -298,7 +299,7 @@ def _warmup(gen, hf_models: dict, ids: list[int], auto_tree: str, seed: int) -> 
     n = 8
     for method in OURS:
         gen.generate(short, method_settings("greedy", method, auto_tree), n,
-                     method="ar" if method == "ours-ar" else "tokenswift", seed=seed)
+                     method=Method.AR if method == "ours-ar" else Method.TOKENSWIFT, seed=seed)
     for model in hf_models.values():
         hf_generate(model, short, "greedy", n, seed)
         hf_generate(model, short, "greedy", n, seed, prompt_lookup=True)

@@ -50,7 +50,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["temperature"] = gr.Slider(0.05, 2.0, value=D["temperature"], step=0.05, label="Temperature")
                     c["top_p"] = gr.Slider(0.05, 1.0, value=D["top_p"], step=0.01, label="Top-p")
                     c["min_p"] = gr.Slider(0.0, 0.5, value=D["min_p"], step=0.01, label="Min-p")
-                    c["seed"] = gr.Number(label="Seed", value=D["seed"], precision=0)
+                    c["seed"] = gr.Number(label="Seed", value=D["seed"], precision=0, minimum=0, maximum=2**32 - 1)
                 with gr.Accordion("Contextual penalty", open=False):
                     c["penalty_on"] = gr.Checkbox(label="Penalise tokens of the last W tokens", value=D["penalty_on"])
                     c["theta"] = gr.Slider(1.0, 2.0, value=D["theta"], step=0.05, label="Theta")

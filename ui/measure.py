@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from ui.app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
+from tokenswift.kinds import Method  # noqa: E402
 from tokenswift.bench import child_pids, proportional_mb, resident_mb  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
 from tokenswift.serve.models import ModelCache  # noqa: E402
@@ -124,7 +125,7 @@ def through_ui(tokens: int, probe: bool) -> dict:
                 progress.flush()
             progress.close()
             out["wall_s"] = round(time.perf_counter() - t, 1)
-            for method, sel in (("ar", "#ar-stats"), ("tokenswift", "#ts-stats")):
+            for method, sel in ((Method.AR, "#ar-stats"), (Method.TOKENSWIFT, "#ts-stats")):
                 text = page.locator(sel).inner_text()
                 out[f"{method}_tok_s"] = float(re.search(r"([\d,.]+) tok/s", text).group(1).replace(",", ""))
             out["rss_mb_peak"] = round(max(rss or [0]), 1)
@@ -178,7 +179,7 @@ def through_server(tokens: int) -> dict:
                         break
         out["wall_s"] = round(time.perf_counter() - t, 1)
         out["messages"], out["mb_received"] = messages, round(received / 2**20, 1)
-        for method, label in (("ar", "AR"), ("tokenswift", "TokenSwift")):
+        for method, label in ((Method.AR, "AR"), (Method.TOKENSWIFT, "TokenSwift")):
             found = re.search(r"\*\*" + label + r"\*\* · [\d,]+ / [\d,]+ tokens · \*\*([\d,.]+) tok/s", final)
             out[f"{method}_tok_s"] = float(found.group(1).replace(",", "")) if found else None
         out["rss_mb_peak"] = round(max(rss or [0]), 1)
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"tokens": args.tokens, "ui": ui}
     if not args.no_headless:
         head = report["headless"] = headless(args.tokens)
-        report["ui_over_headless"] = {m: round(ui[f"{m}_tok_s"] / head[f"{m}_tok_s"], 3) for m in ("ar", "tokenswift")}
+        report["ui_over_headless"] = {m: round(ui[f"{m}_tok_s"] / head[f"{m}_tok_s"], 3) for m in Method}
     print(json.dumps(report, indent=2))
     return 0
 

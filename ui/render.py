@@ -5,7 +5,7 @@ import re
 from typing import Callable
 
 from tokenswift.events import TreeNode
-from tokenswift.kinds import KVMode, Source
+from tokenswift.kinds import KVMode, Method, Source
 from tokenswift.serve.trace import MethodTrace, RunTrace
 
 from . import plots
@@ -24,7 +24,7 @@ DISTINCT_TAIL = 2000  # Distinct-n is measured over each pane's last tokens (it 
 
 
 def _name(m: MethodTrace) -> str:
-    return "AR" if m.method == "ar" else "TokenSwift"
+    return "AR" if m.method == Method.AR else "TokenSwift"
 
 
 def pane_stats(m: MethodTrace, max_new: int) -> str:
@@ -33,10 +33,10 @@ def pane_stats(m: MethodTrace, max_new: int) -> str:
         return f"**{label}** · 0 / {max_new:,} tokens · no tokens yet"
     line = (f"**{label}** · {m.generated:,} / {max_new:,} tokens · **{m.tokens_per_s:,.1f} tok/s** · "
             f"{m.compute_s:.2f} s compute (+{m.prefill_s:.2f} s prefill)")
-    if m.method == "tokenswift" and m.iterations:
+    if m.method == Method.TOKENSWIFT and m.iterations:
         totals = m.source_totals
-        line += (f" · {m.mean_accepted:.2f} tokens/iteration (head {totals.get('head', 0):,}, "
-                 f"n-gram {totals.get('ngram', 0):,}, bonus {totals.get('bonus', 0):,})")
+        line += (f" · {m.mean_accepted:.2f} tokens/iteration (head {totals.get(Source.HEAD, 0):,}, "
+                 f"n-gram {totals.get(Source.NGRAM, 0):,}, bonus {totals.get(Source.BONUS, 0):,})")
     return line
 
 
@@ -75,7 +75,7 @@ def pane_text(m: MethodTrace, decode: Decode) -> str:
     """A pane's HTML: AR text with repeats underlined; TokenSwift text also tinted by source."""
     if not m.generated:
         return placeholder_html("no tokens yet")
-    labels = _pane_labels(m, sources=m.method != "ar")
+    labels = _pane_labels(m, sources=m.method != Method.AR)
     return pane_html(segments(m.token_ids, labels, decode), _class_of)
 
 

@@ -11,14 +11,16 @@ import html
 import re
 from typing import Callable, Hashable
 
+from tokenswift.kinds import Source
+
 from .plots.style import REPEAT_COLOR, SOURCE_COLORS, blend
 
 LIVE_WINDOW = 1500  # tokens shown while streaming; the whole text is in the export
 PARAGRAPH = "\n\n"  # how `soft_wrap` marks a paragraph break
 # Sources a pane tints, with their legend names (AR tokens and roots are not tinted), and how far each
 # tint moves the source's plot colour towards white: the target's own tokens, often most of the text, faintly.
-TINTED = {"head": "head draft", "ngram": "n-gram reuse", "bonus": "target / bonus"}
-TINT = {"head": 0.7, "ngram": 0.7, "bonus": 0.85}
+TINTED = {Source.HEAD: "head draft", Source.NGRAM: "n-gram reuse", Source.BONUS: "target / bonus"}
+TINT = {Source.HEAD: 0.7, Source.NGRAM: 0.7, Source.BONUS: 0.85}
 _BREAKS = re.compile(r"[ \t]*(?:\r?\n[ \t]*)+")  # a run of line breaks with the blanks around it
 
 Label = Hashable  # one segment's label, e.g. (source, repeated)

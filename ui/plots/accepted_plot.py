@@ -4,11 +4,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tokenswift.kinds import Method, Source
 from tokenswift.serve.trace import MethodTrace
 
 from .style import SOURCE_COLORS, SOURCE_LABELS, base_layout, bucket, placeholder_figure, rounded
 
-HIST_SOURCES = ("head", "ngram", "bonus", "ar")  # stacking order; anything else is appended
+HIST_SOURCES = (Source.HEAD, Source.NGRAM, Source.BONUS, Source.AR)  # stacking order; anything else is appended
 
 
 def running_mean(values: list[float]) -> list[float]:
@@ -40,16 +41,16 @@ def accepted_figure(trace: MethodTrace, height: int = 340) -> go.Figure:
     mean_ys = running_mean(ys)
     bx, by = bucket(xs, ys)
     _, bmean = bucket(xs, mean_ys)
-    color = SOURCE_COLORS["ar"] if trace.method == "ar" else SOURCE_COLORS["head"]
+    color = SOURCE_COLORS[Source.AR] if trace.method == Method.AR else SOURCE_COLORS[Source.HEAD]
     fig.add_trace(go.Scatter(x=rounded(bx), y=rounded(by), mode="lines+markers", name="accepted",
                              line=dict(width=0.6, color=color), marker=dict(size=3, color=color), opacity=0.7,
                              hovertemplate="iteration %{x}<br>%{y:.2f} tokens<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=rounded(bx), y=rounded(bmean), mode="lines", name="running mean",
-                             line=dict(width=2.5, color=SOURCE_COLORS["bonus"]),
+                             line=dict(width=2.5, color=SOURCE_COLORS[Source.BONUS]),
                              hovertemplate="iteration %{x}<br>mean %{y:.2f}<extra></extra>"), row=1, col=1)
-    fig.add_hline(y=1.0, line=dict(color=SOURCE_COLORS["ar"], dash="dot", width=1.5), row=1, col=1,
+    fig.add_hline(y=1.0, line=dict(color=SOURCE_COLORS[Source.AR], dash="dot", width=1.5), row=1, col=1,
                   annotation_text="AR = 1 token/iteration", annotation_position="bottom right",
-                  annotation_font=dict(size=10, color=SOURCE_COLORS["ar"]))
+                  annotation_font=dict(size=10, color=SOURCE_COLORS[Source.AR]))
 
     lengths = sorted(trace.length_hist)
     sources = [s for s in HIST_SOURCES if any(s in trace.length_hist[n] for n in lengths)]

@@ -12,19 +12,21 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from tokenswift.kinds import Source
+
 MAX_POINTS = 500  # per trace
 SMOOTH_POINTS = 300  # for slowly varying curves (cache sizes), where more points show nothing new
 
 # One colour per source, used everywhere in the app (text highlighting, legends, trees, bars).
 SOURCE_COLORS: dict[str, str] = {
-    "root": "#2b2d42",  # the last accepted token a tree grows from
-    "head": "#1d4e89",  # depth 1: the base LM head of the draft pass
+    Source.ROOT: "#2b2d42",  # the last accepted token a tree grows from
+    Source.HEAD: "#1d4e89",  # depth 1: the base LM head of the draft pass
     "head2": "#3a75c4",  # extra heads (depth 2..4): lighter shades of the same blue
     "head3": "#6b9bd8",
     "head4": "#9dbfe8",
-    "ngram": "#9b3fa6",  # reused n-gram branches
-    "bonus": "#d4a017",  # the target's own sample at the end of the accepted path
-    "ar": "#7a8ca3",  # plain autoregressive step
+    Source.NGRAM: "#9b3fa6",  # reused n-gram branches
+    Source.BONUS: "#d4a017",  # the target's own sample at the end of the accepted path
+    Source.AR: "#7a8ca3",  # plain autoregressive step
     "rejected": "#c8c8c8",
 }
 REPEAT_COLOR = "#d62728"  # verbatim repeated spans (the panes' underline; see repetition.REPEAT_MIN_TOKENS)
@@ -38,19 +40,19 @@ CACHE_COLORS: dict[str, str] = {
     "empty": "#eeeeee",
 }
 SOURCE_LABELS: dict[str, str] = {
-    "root": "root",
-    "head": "heads",
-    "ngram": "n-gram",
-    "bonus": "bonus",
-    "ar": "AR",
+    Source.ROOT: Source.ROOT,
+    Source.HEAD: "heads",
+    Source.NGRAM: "n-gram",
+    Source.BONUS: Source.BONUS,
+    Source.AR: "AR",
 }
 
 
 def color_for(source: str, depth: int = 1) -> str:
     """The colour of a token from `source` at tree `depth` ("head" gets a shade per depth, 1..4)."""
-    if source == "head":
+    if source == Source.HEAD:
         depth = min(max(depth, 1), 4)
-        return SOURCE_COLORS["head"] if depth == 1 else SOURCE_COLORS[f"head{depth}"]
+        return SOURCE_COLORS[Source.HEAD] if depth == 1 else SOURCE_COLORS[f"head{depth}"]
     return SOURCE_COLORS.get(source, SOURCE_COLORS["rejected"])
 
 

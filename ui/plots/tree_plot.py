@@ -11,6 +11,7 @@ from typing import Callable
 import plotly.graph_objects as go
 
 from tokenswift.events import TreeNode
+from tokenswift.kinds import Source
 
 from .style import SOURCE_COLORS, base_layout, blend, color_for, placeholder_figure, rounded
 
@@ -86,7 +87,7 @@ def _hover_template(source: str, accepted: bool) -> str:
 
 
 def _group(node: TreeNode) -> str:
-    if node.source == "head":
+    if node.source == Source.HEAD:
         return f"head{min(max(node.depth, 1), 4)}"
     return node.source
 
@@ -104,8 +105,8 @@ def bonus_token(nodes: list[TreeNode], accepted_tokens: list[int]) -> tuple[int 
     return (nodes[last].target_sample if nodes else None), False
 
 
-_GROUP_NAMES = {"root": "root", "head1": "LM head (d1)", "head2": "head d2", "head3": "head d3",
-                "head4": "head d4", "ngram": "n-gram"}
+_GROUP_NAMES = {Source.ROOT: "root token", "head1": "LM head (d1)", "head2": "head d2", "head3": "head d3",
+                "head4": "head d4", Source.NGRAM: "n-gram"}
 
 
 def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode: Callable[[int], str],
@@ -151,19 +152,19 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
     fig.add_trace(go.Scatter(x=rej_x, y=rounded(rej_y, 2), mode="lines", name="rejected edges", meta="edges-rejected",
                              line=dict(color=SOURCE_COLORS["rejected"], width=1), hoverinfo="skip", showlegend=False))
     fig.add_trace(go.Scatter(x=acc_x, y=rounded(acc_y, 2), mode="lines", name="accepted path", meta="edges-accepted",
-                             line=dict(color=SOURCE_COLORS["head"], width=4), hoverinfo="skip", showlegend=False))
+                             line=dict(color=SOURCE_COLORS[Source.HEAD], width=4), hoverinfo="skip", showlegend=False))
 
     # Nodes: one trace per source group and status (accepted / rejected), so styles stay scalars.
     groups: dict[tuple[str, bool], list[int]] = {}
     for i, node in enumerate(nodes):
         if i in y:
             groups.setdefault((_group(node), node.accepted), []).append(i)
-    order = ["root", "head1", "head2", "head3", "head4", "ngram"]
+    order = [Source.ROOT, "head1", "head2", "head3", "head4", Source.NGRAM]
     legend_done: set[str] = set()
     rank = {group: i for i, group in enumerate(order)}
     for group, accepted in sorted(groups, key=lambda key: (rank.get(key[0], len(order)), not key[1])):
         idx = groups[(group, accepted)]
-        color = SOURCE_COLORS["root"] if group == "root" else color_for(nodes[idx[0]].source, nodes[idx[0]].depth)
+        color = SOURCE_COLORS[Source.ROOT] if group == Source.ROOT else color_for(nodes[idx[0]].source, nodes[idx[0]].depth)
         if group not in legend_done:  # one legend entry per group, in its full colour
             legend_done.add(group)
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=_GROUP_NAMES.get(group, group),
@@ -183,11 +184,11 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
 
     if has_bonus:
         fig.add_trace(go.Scatter(x=[x[last], x[BONUS]], y=rounded([y[last], y[BONUS]], 2), mode="lines",
-                                 line=dict(color=SOURCE_COLORS["bonus"], width=2, dash="dash"),
+                                 line=dict(color=SOURCE_COLORS[Source.BONUS], width=2, dash="dash"),
                                  hoverinfo="skip", showlegend=False, name="bonus edge", meta="bonus-edge"))
         fig.add_trace(go.Scatter(
             x=[x[BONUS]], y=rounded([y[BONUS]], 2), mode="markers+text", name="bonus (target sample)",
-            meta="bonus", marker=dict(symbol="star" if emitted else "star-open", size=18, color=SOURCE_COLORS["bonus"],
+            meta=Source.BONUS, marker=dict(symbol="star" if emitted else "star-open", size=18, color=SOURCE_COLORS[Source.BONUS],
                                       line=dict(width=1, color="#111111")),
             text=[_html(token_label(decode(bonus))) + ("" if emitted else " (not emitted)")],
             textposition="middle right", textfont=dict(size=11, color="#111111", weight="bold", shadow="auto"),
