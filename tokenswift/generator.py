@@ -263,6 +263,8 @@ class _Run:
         self.expected_drafted = 0.0  # auto: the plan's expected accepted drafted tokens, this iteration
         self.head_idle = 0  # auto: consecutive plans that used no head node (heads are then consulted less often)
         self.head_next = 0  # auto: first iteration at which the heads are consulted again
+        self.plan_idle = 0  # auto: consecutive plans that kept no node
+        self.plan_next = 0  # auto: first iteration at which the planner runs again
         self.iteration = 0
         self.probe_s = 0.0  # auto: time of this iteration's cost probe (not part of the usual overhead)
         self.partial: PartialKVCache | None = None
@@ -471,6 +473,8 @@ class _Run:
         self.probe_s = 0.0
         if not self.costs.rows:  # the first iteration: an AR-cost step, which also measures the one-row cost
             return DraftTree.with_root(last), [[]], "0 nodes: measuring this machine's step"
+        if self.iteration < self.plan_next:  # nothing paid lately: rest the planner (its Python costs ~6% of a step)
+            return DraftTree.with_root(last), [[]], f"0 nodes: no draft paid in the last {self.plan_idle} plans"
         cand = DraftTree.with_root(last)
         rates, keys = [1.0], [[]]
 
@@ -520,6 +524,9 @@ class _Run:
         for i in plan.keep:
             node_of[i] = tree.add_node(node_of[cand.parents[i]], cand.tokens[i], cand.sources[i], cand.draft_probs[i])
             kept_keys.append(keys[i])
+        # Plans that keep nothing in a row: after the second, the planner rests 1, 2, 4, ... then at most 32 iterations.
+        self.plan_idle = 0 if plan.keep else self.plan_idle + 1
+        self.plan_next = self.iteration + (2 ** min(self.plan_idle - 2, PLANNER_REST_LOG2) if self.plan_idle >= 2 else 1)
         if consult_heads:  # heads no plan used are consulted after 2, 4, 8, then every 16 iterations
             used = any(cand.sources[i] == Source.HEAD for i in plan.keep)
             self.head_idle = 0 if used else self.head_idle + 1
@@ -626,6 +633,7 @@ class _Run:
 
 AUTO_HEAD_TREE = "3x1x1"  # the head candidates auto may draw from (it keeps only those that pay; measured:
 #                           it rarely keeps more than 10 nodes, and every offered node costs Python time)
+PLANNER_REST_LOG2 = 5  # the planner rests at most 2**5 iterations after plans that kept nothing
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
 SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
 

@@ -12,6 +12,7 @@ from tokenswift import Settings
 from tokenswift.kinds import Method
 from tokenswift.serve.detok import IncrementalText
 from tokenswift.serve.runner import Finished, RunRequest
+from tokenswift.validate import validate_seed
 
 from .live import POLL_S, LiveApp
 
@@ -82,8 +83,10 @@ def _checked(app: LiveApp, prompt, max_new_tokens, method, settings_json, seed, 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, float)) \
             or max_new_tokens != int(max_new_tokens) or not 1 <= max_new_tokens <= limit:
         raise gr.Error(f"max_new_tokens must be a whole number from 1 to {limit:,}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, float)) or seed != int(seed) or not 0 <= seed < 2**63:
-        raise gr.Error("seed must be a whole number from 0 to 2**63 - 1")
+    try:
+        seed = validate_seed(seed)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
     if not isinstance(settings_json, str) or len(settings_json) > 10_000:
         raise gr.Error("settings_json must be a JSON object of tokenswift.Settings fields (at most 10,000 characters)")
     try:
