@@ -1,17 +1,16 @@
-"""The session runner: AR and TokenSwift alternately in one background worker, fed by step events.
+"""A run: AR and TokenSwift alternately in one job of the engine, reported as step events.
 
-The two methods run in the same thread, one iteration at a time (TokenSwift one iteration, then AR until
+The two methods run on the same thread, one iteration at a time (TokenSwift one iteration, then AR until
 it has caught up in tokens), so neither steals CPU from the other while it is being timed; each
-method's speed is its own tokens over its own compute time (the engine's step timings). The UI reads
-events from a queue at its own pace; `stop()` ends the worker within one iteration.
+method's speed is its own tokens over its own compute time (the engine's step timings). The server reads
+a job's events from a queue at its own pace; `stop()` ends the job within one iteration.
 """
 from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Iterator
 
 from tokenswift import Generator, Settings, Step
 from tokenswift.kinds import Method
@@ -37,13 +36,9 @@ class Finished:
     exhausted: bool = False
 
 
-class Executor(Protocol):
-    def submit(self, fn, /, *args, **kwargs) -> Future: ...
-
-
 class RunHandle:
-    """What the UI holds for one run: a queue of its events, stop, and whether it has ended. Subclasses say
-    where the run executes (`Runner`: a thread of this process; `ProcessRunner`: the engine process)."""
+    """What a server holds for one job: a queue of its events, stop, and whether it has ended (the engine
+    process's `ProcessRunner` fills it)."""
 
     def __init__(self, request: RunRequest, max_queued: int = 0) -> None:
         self.request = request
@@ -82,34 +77,6 @@ class RunHandle:
             except queue.Empty:
                 break
         return out
-
-
-class Runner(RunHandle):
-    """One run in this process: on its own daemon thread, or as a job of `executor` (the app's single
-    torch thread, see tokenswift/serve/torch_thread.py, when the engine process is turned off)."""
-
-    def __init__(self, generator: Generator, request: RunRequest, max_queued: int = 0,
-                 executor: Executor | None = None) -> None:
-        super().__init__(request, max_queued)
-        self.generator = generator
-        self._executor = executor
-
-    def start(self) -> "Runner":
-        if self._executor is not None:
-            self._executor.submit(self._work)
-        else:
-            threading.Thread(target=self._work, name="tokenswift-runner", daemon=True).start()
-        return self
-
-    def _work(self) -> None:
-        error = None
-        try:
-            for step in interleave(self.generator, self.request, self._stop):
-                self.events.put(step)
-        except Exception as exc:  # reported to the UI as a message; the server keeps running
-            error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._finish(Finished(error, self._stop.is_set()))
 
 
 def interleave(gen: Generator, req: RunRequest, stop: threading.Event) -> Iterator[Step]:

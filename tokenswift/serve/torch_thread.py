@@ -1,4 +1,4 @@
-"""One long-lived thread for all of the app's torch work.
+"""One long-lived thread for all of the engine process's torch work (and of headless measurements).
 
 PyTorch's CPU kernels run on an OpenMP team that belongs to the thread calling them. When a second
 thread has ever run a parallel torch op (the server thread loading a model, a handler stepping the
@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 T = TypeVar("T")
-_END = object()
 
 
 class TorchThread:
@@ -45,14 +44,6 @@ class TorchThread:
         if self.is_current:
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
-
-    def iterate(self, items: Iterator[T]) -> Iterator[T]:
-        """Pull each item of `items` on the thread, yield it on the caller's."""
-        while True:
-            item = self.call(next, items, _END)
-            if item is _END:
-                return
-            yield item
 
 
 def engine_threads() -> int:
