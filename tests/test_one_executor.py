@@ -17,7 +17,7 @@ from tokenswift.serve.limits import Limits
 from tokenswift.serve.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, Codecs
 from tokenswift.serve.runner import RunRequest
 from ui.app_server import AppServer
-from ui.controls import CONTROL_ORDER, UI_DEFAULTS
+from ui.controls import UI_DEFAULTS
 from ui.live import LiveApp
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="the default model is not built")
@@ -35,8 +35,8 @@ def app():
 
 
 def values(prompt=PROMPT, **changes):
-    controls = {**UI_DEFAULTS, "greedy": True, **changes}
-    return (prompt, *(controls[k] for k in CONTROL_ORDER), DEFAULT_MODEL_NAME)
+    """The controls as the page sends them: by name."""
+    return {**UI_DEFAULTS, "greedy": True, **changes, "prompt": prompt, "model": DEFAULT_MODEL_NAME}
 
 
 def who(name):
@@ -46,7 +46,7 @@ def who(name):
 def run_until(app, request, stop_after=None, **changes):
     """Drive the Run handler as Gradio does; with stop_after, press Stop once that many tokens are shown."""
     last = None
-    for update in app.run(*values(**changes), request=request):
+    for update in app.run(values(**changes), request=request):
         last = {**(last or {}), **update}
         session = app.sessions[request.session_hash]
         if stop_after is not None and session.trace.tokenswift.generated >= stop_after:
@@ -60,11 +60,11 @@ def test_step_after_a_run_starts_a_new_classroom_run(app):
     run_until(app, me, max_new=40)
     ran = app.sessions["step-after-run"].trace
     assert ran.ar.generated == 40 and ran.tokenswift.generated == 40
-    app.step(*values(max_new=40), request=me)
+    app.step(values(max_new=40), request=me)
     trace = app.sessions["step-after-run"].trace
     assert trace is not ran and trace.ar.generated == 0  # not appended to the Run's panes
     assert trace.tokenswift.iterations == 1
-    app.step(*values(max_new=40), request=me)
+    app.step(values(max_new=40), request=me)
     assert trace.tokenswift.iterations == 2  # the same classroom run goes on
 
 
@@ -106,8 +106,8 @@ def test_the_engine_dies_during_a_step_and_the_next_step_works(app):
     killer = threading.Timer(0.3, lambda: os.kill(app.engine.pid, signal.SIGKILL))
     killer.start()
     with pytest.raises(gr.Error, match="ended unexpectedly"):
-        app.step(*values(long_prompt, max_new=40), request=me)
-    out = app.step(*values(max_new=40), request=me)
+        app.step(values(long_prompt, max_new=40), request=me)
+    out = app.step(values(max_new=40), request=me)
     assert "iteration 0" in out["status"]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from tokenswift import TREE_PRESETS, Settings
 from tokenswift.tree import AUTO
@@ -19,6 +20,7 @@ UI_DEFAULTS = dict(max_new=500, greedy=False, temperature=1.0, top_p=1.0, min_p=
                    kv_budget=1024, draft="paper")
 CONTROL_ORDER = ("max_new", "greedy", "temperature", "top_p", "min_p", "seed", "penalty_on", "theta", "window",
                  "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "draft")
+CONTROL_NAMES = ("prompt", *CONTROL_ORDER, "model")  # every control a Run or Step reads, by component name
 
 EXAMPLE_PROMPTS = {
     "Austen (held-out Persuasion)": (
@@ -75,3 +77,11 @@ def default_controls(prompt: str, model: str, **changes) -> RunControls:
     """The controls as the page starts, with optional changes (e.g. max_new=2000)."""
     values = {**UI_DEFAULTS, **changes}
     return parse_controls(prompt, *(values[k] for k in CONTROL_ORDER), model)
+
+
+def parse_named(values: Mapping[str, Any]) -> RunControls:
+    """The controls as the page sends them, by name (`CONTROL_NAMES`); raises InvalidRequest like parse_controls."""
+    missing = [name for name in CONTROL_NAMES if name not in values]
+    if missing:
+        raise InvalidRequest(f"missing control(s): {', '.join(missing)}.")
+    return parse_controls(*(values[name] for name in CONTROL_NAMES))

@@ -6,7 +6,7 @@ from typing import Callable
 
 import gradio as gr
 
-from .controls import EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
+from .controls import CONTROL_NAMES, EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
 from .controls import UI_DEFAULTS as D
 from .api import api_generate, api_health
 from .live import LiveApp
@@ -109,9 +109,7 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["replay_file"] = gr.UploadButton("Load a trace to replay", file_types=[".json"], type="filepath",
                                                        elem_id="replay-btn")
 
-        control_names = ["prompt", "max_new", "greedy", "temperature", "top_p", "min_p", "seed", "penalty_on", "theta",
-                         "window", "reuse_on", "ngram_topk", "tree", "kv_mode", "kv_budget", "draft", "model"]
-        inputs = [c[n] for n in control_names]
+        inputs = {c[n] for n in CONTROL_NAMES}  # a set: the handler receives {component: value}, passed on by name
         view_names = ["ar_text", "ts_text", "ar_stats", "ts_stats", "summary", "status", "tree_plot", "accepted_plot",
                       "kv_plot", "repetition_plot", "distinct", "speed", "step_caption", "step_table"]
         views = [c[n] for n in view_names]
@@ -136,18 +134,26 @@ def build_demo(app: LiveApp) -> gr.Blocks:
 
 
 def _by_name(fn: Callable, components: dict, streaming: bool = False) -> Callable:
-    """Adapt a handler that returns/yields {name: value} to Gradio's {component: value}."""
+    """Adapt a handler that takes and returns/yields {name: value} to Gradio's {component: value} (inputs
+    given as a set arrive as one {component: value} dict; other inputs are passed on as they come)."""
+    names = {id(component): name for name, component in components.items()}
+
+    def named(args: tuple) -> tuple:
+        if len(args) == 1 and isinstance(args[0], dict):
+            return ({names[id(k)]: v for k, v in args[0].items()},)
+        return args
+
     def convert(update: dict) -> dict:
         return {components[k]: v for k, v in update.items()}
 
     if streaming:
         def stream(request: gr.Request, *args):
-            for update in fn(*args, request=request):
+            for update in fn(*named(args), request=request):
                 yield convert(update)
         return stream
 
     def call(request: gr.Request, *args):
-        return convert(fn(*args, request=request))
+        return convert(fn(*named(args), request=request))
     return call
 
 

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import gradio as gr
 
@@ -25,7 +25,7 @@ from tokenswift.serve.trace import RunTrace
 from tokenswift.validate import validate_request, validate_settings
 
 from . import render
-from .controls import RunControls, parse_controls
+from .controls import RunControls, parse_named
 
 TEXT_PERIOD_S = 0.5  # text and stats refresh
 # plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it
@@ -94,9 +94,9 @@ class LiveApp:
             self.engine.forget(key)
 
     # ---- shared checks ----------------------------------------------------------------------------------
-    def _controls(self, values: tuple) -> RunControls:
+    def _controls(self, values: Mapping[str, Any]) -> RunControls:
         try:
-            controls = parse_controls(*values)
+            controls = parse_named(values)
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
         return controls
@@ -139,7 +139,7 @@ class LiveApp:
                        f"{self.limits.queue_size}). Please try again in a minute.")
 
     # ---- run -------------------------------------------------------------------------------------------------
-    def run(self, *values, request: gr.Request = None) -> Iterator[dict]:
+    def run(self, values: Mapping[str, Any], request: gr.Request = None) -> Iterator[dict]:
         """Streams both panes. Yields dicts keyed by output name (mapped to components by the layout)."""
         controls = self._controls(values)
         codec = self.codec(controls.model)
@@ -202,7 +202,7 @@ class LiveApp:
         return "Nothing is running."
 
     # ---- classroom step mode ----------------------------------------------------------------------------------
-    def step(self, *values, request: gr.Request = None) -> dict:
+    def step(self, values: Mapping[str, Any], request: gr.Request = None) -> dict:
         controls = self._controls(values)
         codec = self.codec(controls.model)
         prompt_ids = self.prompt_ids(codec, controls.prompt, controls.max_new_tokens, self.limits.max_new_tokens_ui)
