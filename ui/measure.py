@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import re
-import sys
 import threading
 import time
 from pathlib import Path
