@@ -121,3 +121,21 @@ def test_calibration_recovers_after_iterations_that_drafted_nothing():
     for _ in range(100):
         calibration.observe(0.0, 0)  # plans that kept no node still let old evidence fade
     assert calibration.factor > 0.9
+
+
+def test_payoff_scales_drafting_down_where_it_yields_less_per_second_and_recovers():
+    from tokenswift.auto import Payoff
+
+    pay = Payoff()
+    assert pay.factor == 1.0  # no evidence yet
+    for _ in range(20):
+        pay.observe(False, 1, 0.010)  # plain steps: 100 tok/s
+        pay.observe(True, 2, 0.030)  # drafted iterations: 67 tok/s
+    assert 0.6 < pay.factor < 0.8
+    for _ in range(200):
+        pay.observe(False, 1, 0.010)
+    assert pay.factor > 0.99  # the evidence decayed: drafting is tried again
+    for _ in range(20):
+        pay.observe(False, 1, 0.010)
+        pay.observe(True, 3, 0.015)  # drafting pays: never scaled up beyond 1
+    assert pay.factor == 1.0

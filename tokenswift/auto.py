@@ -151,6 +151,39 @@ class Calibration:
         self.actual = self.actual * self.decay + accepted_drafted
 
 
+class Payoff:
+    """What drafting actually yields: tokens per second of the iterations that verified drafts against those of
+    plain (AR-cost) iterations, both measured whole (draft, verify and bookkeeping). The cost model prices
+    rows and the acceptance stats price tokens, but some costs escape both (caches a wider step evicts, Python
+    per node); where drafted iterations yield less per second than plain ones, expected drafted tokens are
+    scaled down by that ratio. The evidence decays every iteration towards a prior of 1, so drafting is
+    tried again after a while."""
+
+    def __init__(self, decay: float = 0.97, prior_tokens: float = 3.0) -> None:
+        self.decay, self.prior_tokens = decay, prior_tokens
+        self.drafted_tokens = self.drafted_s = self.plain_tokens = self.plain_s = 0.0
+
+    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+        d = self.decay
+        self.drafted_tokens, self.drafted_s = self.drafted_tokens * d, self.drafted_s * d
+        self.plain_tokens, self.plain_s = self.plain_tokens * d, self.plain_s * d
+        if drafted:
+            self.drafted_tokens += tokens
+            self.drafted_s += seconds
+        else:
+            self.plain_tokens += tokens
+            self.plain_s += seconds
+
+    @property
+    def factor(self) -> float:
+        """min(1, drafted rate / plain rate), with `prior_tokens` of drafted evidence at the plain rate."""
+        if self.plain_tokens <= 0.0 or self.plain_s <= 0.0:
+            return 1.0
+        plain_rate = self.plain_tokens / self.plain_s
+        drafted_rate = (self.drafted_tokens + self.prior_tokens) / (self.drafted_s + self.prior_tokens / plain_rate)
+        return min(1.0, drafted_rate / plain_rate)
+
+
 def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: int = MAX_ROWS,
            calibration: float = 1.0) -> Plan:
     """reach[i]: probability that the walk accepts candidate node i (its path's product of rates);

@@ -13,7 +13,7 @@ from torch import nn
 from . import events as ev
 from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
-from .auto import MAX_ROWS, PROBE_ROWS, AcceptanceStats, Calibration, CostModel, choose
+from .auto import AcceptanceStats, Calibration, CostModel, MAX_ROWS, PROBE_ROWS, Payoff, choose
 from .heads import Heads, read_head_tensors
 from .kv_cache import KVCache
 from .lean import LeanHeads
@@ -260,6 +260,7 @@ class _Run:
         self.stats = AcceptanceStats() if self.auto else None
         self.costs = CostModel() if self.auto else None
         self.calibration = Calibration() if self.auto else None
+        self.payoff = Payoff() if self.auto else None
         self.expected_drafted = 0.0  # auto: the plan's expected accepted drafted tokens, this iteration
         self.head_idle = 0  # auto: consecutive plans that used no head node (heads are then consulted less often)
         self.head_next = 0  # auto: first iteration at which the heads are consulted again
@@ -511,12 +512,12 @@ class _Run:
         reach = [1.0]
         for i in range(1, len(cand)):
             reach.append(reach[cand.parents[i]] * rates[i])
-        plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor)
+        plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor * self.payoff.factor)
         if plan.keep and self.costs.needs_probe(len(self.ids)):  # drafting looks worth it: measure, then decide
             t = time.perf_counter()
             self.costs.probe(self.probe_rows, len(self.ids))
             self.probe_s = time.perf_counter() - t
-            plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor)
+            plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor * self.payoff.factor)
         self.expected_drafted = sum(reach[i] for i in plan.keep)
         tree = DraftTree.with_root(last)
         node_of = {0: 0}
@@ -564,6 +565,7 @@ class _Run:
                 # the one-row cost is every plan's yardstick: keep it measured too
                 self.costs.observe(1, timings.verify_s, draft_s - self.probe_s + timings.bookkeeping_s)
                 self.calibration.observe(0.0, 0)
+                self.payoff.observe(False, 1, timings.total_s - self.probe_s)
                 return out
         else:
             tree = self.draft()
@@ -628,6 +630,7 @@ class _Run:
         if self.costs is not None:
             other = timings.draft_s - self.probe_s + timings.bookkeeping_s - decide_s
             self.costs.observe(len(tree), timings.verify_s + decide_s, other)
+            self.payoff.observe(True, len(path) + 1, timings.total_s - self.probe_s)
         return accepted, nodes, len(tree) - 1, note
 
 
