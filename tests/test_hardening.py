@@ -197,3 +197,18 @@ def _children(pid: int) -> list[int]:
         with open(f"/proc/{pid}/task/{task}/children") as f:
             out += [int(x) for x in f.read().split()]
     return out
+
+
+def test_one_generation_at_a_time_per_client_session(server):
+    from gradio_client.exceptions import AppError
+
+    c = client(server)
+    first = c.submit(PROMPTS[0], 2000, "tokenswift", GREEDY, 0, "", api_name="/generate")
+    deadline = time.monotonic() + 60
+    while not first.outputs() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(AppError, match="already has a generation running"):
+        c.predict(PROMPTS[1], 5, "tokenswift", GREEDY, 0, "", api_name="/generate")
+    first.cancel()
+    wait_idle(c)
+    assert generate(c, PROMPTS[1], 5)["new_tokens"] == 5  # free again once the first has ended
