@@ -91,6 +91,11 @@ def resident_mb(pid: int | str = "self") -> float:
     return _proc_mb(f"/proc/{pid}/status", "VmRSS:")
 
 
+def peak_mb(pid: int | str = "self") -> float:
+    """Peak resident memory of a process (this one by default), in MiB, from /proc."""
+    return _proc_mb(f"/proc/{pid}/status", "VmHWM:")
+
+
 def proportional_mb(pid: int | str = "self") -> float:
     """A process's proportional set size (shared pages split among their users), in MiB."""
     return _proc_mb(f"/proc/{pid}/smaps_rollup", "Pss:")

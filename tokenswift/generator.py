@@ -512,12 +512,13 @@ class _Run:
         reach = [1.0]
         for i in range(1, len(cand)):
             reach.append(reach[cand.parents[i]] * rates[i])
-        plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor * self.payoff.factor)
+        scale = self.calibration.factor * self.payoff.factor
+        plan = choose(reach, cand.depths, self.costs, calibration=scale)
         if plan.keep and self.costs.needs_probe(len(self.ids)):  # drafting looks worth it: measure, then decide
             t = time.perf_counter()
             self.costs.probe(self.probe_rows, len(self.ids))
             self.probe_s = time.perf_counter() - t
-            plan = choose(reach, cand.depths, self.costs, calibration=self.calibration.factor * self.payoff.factor)
+            plan = choose(reach, cand.depths, self.costs, calibration=scale)
         self.expected_drafted = sum(reach[i] for i in plan.keep)
         tree = DraftTree.with_root(last)
         node_of = {0: 0}

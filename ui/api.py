@@ -9,9 +9,10 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from tokenswift import Settings
+from tokenswift.bench import peak_mb, resident_mb
 from tokenswift.kinds import Method
 from tokenswift.serve.detok import IncrementalText
-from tokenswift.serve.runner import Finished, RunRequest
+from tokenswift.serve.runner import RunRequest
 from tokenswift.validate import validate_seed
 
 from .live import POLL_S, LiveApp
@@ -42,13 +43,11 @@ def api_generate(app: LiveApp) -> Callable:
         last_sent, last_ahead = 0.0, -1
         try:
             while True:
-                finished = None
-                for event in runner.drain():
-                    if isinstance(event, Finished):
-                        finished = event
-                    else:
-                        new.extend(event.token_ids)
-                        stats = _stats(chosen, event, len(new))
+                steps, finished = runner.poll()
+                for step in steps:
+                    new.extend(step.token_ids)
+                if steps:
+                    stats = _stats(chosen, steps[-1], len(new))
                 if finished is not None:
                     if finished.error:
                         raise gr.Error(f"The generation failed: {finished.error}")
@@ -117,21 +116,16 @@ def api_health(app: LiveApp) -> Callable:
         return json.dumps({
             "pending": app.engine.pending if app.engine is not None else 0, "queue_size": app.limits.queue_size,
             "engine_pid": engine_pid, "server_threads": threading.active_count(),
-            "server_rss_mb": memory_mb("self", "VmRSS:"), "server_peak_mb": memory_mb("self", "VmHWM:"),
-            "engine_rss_mb": memory_mb(engine_pid, "VmRSS:") if engine_pid else None,
-            "engine_peak_mb": memory_mb(engine_pid, "VmHWM:") if engine_pid else None,
+            "server_rss_mb": _mb(resident_mb, "self"), "server_peak_mb": _mb(peak_mb, "self"),
+            "engine_rss_mb": _mb(resident_mb, engine_pid), "engine_peak_mb": _mb(peak_mb, engine_pid),
             "engine_threads": sum(t.name.startswith("tokenswift-engine") for t in threading.enumerate()),
             "sessions": len(app.sessions)})
     return health
 
 
-def memory_mb(pid, field: str) -> float | None:
-    """A memory figure of a process from /proc/<pid>/status (Linux), in MiB; None where unavailable."""
+def _mb(measure: Callable[[int | str], float], pid: int | str | None) -> float | None:
+    """A memory figure (MiB) of a process, rounded; None when there is no such process (anymore)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return round(int(line.split()[1]) / 1024, 1)
+        return round(measure(pid), 1) if pid else None
     except OSError:
-        pass
-    return None
+        return None

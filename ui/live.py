@@ -101,6 +101,14 @@ class LiveApp:
             raise gr.Error(str(exc)) from None
         return controls
 
+    def _checked(self, values: Mapping[str, Any]) -> tuple[RunControls, Codec, list[int]]:
+        """The page's controls, checked against this server's limits and the chosen model, and the prompt's ids."""
+        controls = self._controls(values)
+        codec = self.codec(controls.model)
+        prompt_ids = self.prompt_ids(codec, controls.prompt, controls.max_new_tokens, self.limits.max_new_tokens_ui)
+        self.settings_for(codec, controls.settings)
+        return controls, codec, prompt_ids
+
     def codec(self, name: str) -> Codec:
         try:
             return self.codecs.get(name)
@@ -141,10 +149,7 @@ class LiveApp:
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self, values: Mapping[str, Any], request: gr.Request = None) -> Iterator[dict]:
         """Streams both panes. Yields dicts keyed by output name (mapped to components by the layout)."""
-        controls = self._controls(values)
-        codec = self.codec(controls.model)
-        prompt_ids = self.prompt_ids(codec, controls.prompt, controls.max_new_tokens, self.limits.max_new_tokens_ui)
-        self.settings_for(codec, controls.settings)
+        controls, codec, prompt_ids = self._checked(values)
         session = self.session(request)
         self.admit(session)
         if session.runner is not None:
@@ -162,13 +167,10 @@ class LiveApp:
         try:
             yield {"status": "Prefilling the prompt…"}
             while True:
-                finished = None
-                for event in runner.drain():
-                    if isinstance(event, Finished):
-                        finished = event
-                    else:
-                        trace.add(event)
-                        started = True
+                steps, finished = runner.poll()
+                for step in steps:
+                    trace.add(step)
+                started = started or bool(steps)
                 now = time.monotonic()
                 if finished is not None:
                     yield render.full_update(trace, decode, decode_one, session.greedy, final_status(finished, trace))
@@ -203,10 +205,7 @@ class LiveApp:
 
     # ---- classroom step mode ----------------------------------------------------------------------------------
     def step(self, values: Mapping[str, Any], request: gr.Request = None) -> dict:
-        controls = self._controls(values)
-        codec = self.codec(controls.model)
-        prompt_ids = self.prompt_ids(codec, controls.prompt, controls.max_new_tokens, self.limits.max_new_tokens_ui)
-        self.settings_for(codec, controls.settings)
+        controls, codec, prompt_ids = self._checked(values)
         session = self.session(request)
         step_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
         with session.lock:
@@ -223,9 +222,7 @@ class LiveApp:
                 runner.stop()
                 raise gr.Error("The engine did not answer in time; try again.")
             trace = session.trace
-            events = runner.drain()
-            finished = events[-1] if events and isinstance(events[-1], Finished) else Finished(None, False)
-            steps = [e for e in events if not isinstance(e, Finished)]
+            steps, finished = runner.poll()  # the job has ended: its Finished is there
             for step in steps:
                 trace.add(step)
             if finished.error:

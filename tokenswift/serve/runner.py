@@ -78,6 +78,13 @@ class RunHandle:
                 break
         return out
 
+    def poll(self) -> tuple[list[Step], Finished | None]:
+        """The steps queued so far, and the job's Finished event once it has arrived (without waiting)."""
+        events = self.drain()
+        if events and isinstance(events[-1], Finished):
+            return events[:-1], events[-1]
+        return events, None
+
 
 def interleave(gen: Generator, req: RunRequest, stop: threading.Event) -> Iterator[Step]:
     """Advance the methods alternately: the leader one iteration, then each other method until it has
