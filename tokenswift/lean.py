@@ -27,10 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend
+from .native import panels as native_panels
 
 MAX_COPY_BYTES = 2 * 2**30  # lay out copies only for models whose copies fit in this (else: module path)
 ROPE_STATIC_TYPES = ("default", "linear", "llama3", "yarn")  # rotary tables independent of sequence length
-MATMUL_ENV = "TOKENSWIFT_LEAN_MATMUL"  # "auto" (mm, or oneDNN for many rows) or "mm" (always mm)
+MATMUL_ENV = "TOKENSWIFT_LEAN_MATMUL"  # "auto" (native panels, mm or oneDNN by rows) or "mm" (always mm)
 DTYPE_ENV = "TOKENSWIFT_LEAN_DTYPE"  # unset: float32 on CPU; "model": the checkpoint's dtype (experiments)
 
 
@@ -41,6 +42,11 @@ MM_MAX_ROWS = 6  # up to this many rows a plain `mm`; more rows through oneDNN w
 
 class Matrix:
     """One weight matrix laid out for the fastest product with a few rows of activations.
+
+    Where the native panel kernel is available (`tokenswift/native/panels.py`: a C compiler and AVX-512),
+    float32 products of up to 16 rows go through it: it streams the weights once for up to 8 rows, so
+    verifying 8 rows costs about what one row does in the matrices, and a row's result does not depend on
+    how many rows are computed with it. Otherwise, and beyond 16 rows, PyTorch as follows.
 
     Measured here (fp32, one thread, weights streamed from L3, microseconds for 1 / 8 / 16 / 32 rows):
     gate/up 2048x384 `mm` on a pre-transposed weight 110 / 140 / 260 / 461, oneDNN on a pre-packed
@@ -53,15 +59,21 @@ class Matrix:
         self.bias = bias
         self.dtype = dtype
         self.out_features, self.in_features = weight.shape
-        self.weight_t = weight.t().to(dtype).contiguous()  # (in, out)
-        self.packed = None
+        self.packed = self.panels = None
         use_dnn = os.environ.get(MATMUL_ENV, "auto") == "auto"
         if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu":
             self.packed = _dnn_pack(weight.to(dtype).contiguous(), 16)
+        if use_dnn and dtype == torch.float32:
+            self.panels = native_panels.PanelMatrix.build(weight)
+        # (in, out) for torch.mm: not needed where panels and oneDNN cover every row count
+        self.weight_t = None if self.panels is not None and self.packed is not None else weight.t().to(dtype).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, in) -> (T, out) in x's dtype."""
-        if self.packed is not None and x.shape[0] > MM_MAX_ROWS and x.dtype == torch.float32:
+        if self.panels is not None and x.shape[0] <= native_panels.MAX_ROWS and x.dtype == torch.float32:
+            y = self.panels(x)
+            return y if self.bias is None else y + self.bias
+        if self.packed is not None and (x.shape[0] > MM_MAX_ROWS or self.weight_t is None) and x.dtype == torch.float32:
             return _dnn_linear(x, self.packed, self.bias, "none", [], "")
         y = torch.mm(x if x.dtype == self.dtype else x.to(self.dtype), self.weight_t)
         if y.dtype != x.dtype:
