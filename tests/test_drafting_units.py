@@ -84,6 +84,18 @@ def test_planner_keeps_drafts_only_while_they_pay():
     assert "0 nodes" in hopeless.note
 
 
+def test_planner_skips_drafts_that_barely_pay():
+    """A plan that expects a few percent more tokens per second than a plain step is not worth the costs no
+    model prices; the same plan with a margin of 1.0 drafts."""
+    costs = CostModel()
+    costs.rows, costs.seconds = [1, 4, 12], [1.0, 1.1, 2.0]
+    reach = [1.0, 0.07]  # one node: (1 + 0.07) / 1.033 = 1.036 x a plain step's rate
+    assert choose(reach, [0, 1], costs, min_gain=1.0).keep == [1]
+    marginal = choose(reach, [0, 1], costs, min_gain=1.05)
+    assert marginal.keep == [] and "0 nodes" in marginal.note
+    assert choose([1.0, 0.5], [0, 1], costs, min_gain=1.05).keep == [1]
+
+
 def test_cost_model_interpolates_and_follows_observations():
     costs = CostModel()
     assert costs.needs_probe(100)

@@ -88,7 +88,7 @@ def eager_choose(reach, depths, costs, max_rows=None, calibration=1.0):
 
     flat = auto.CostModel()
     flat.rows, flat.seconds = [1, auto.MAX_ROWS], [1.0, 1.0]
-    return auto.choose(reach, depths, flat, auto.MAX_ROWS, 1.0)
+    return auto.choose(reach, depths, flat, auto.MAX_ROWS, 1.0, min_gain=1.0)
 
 
 @pytest.mark.parametrize("reuse,kv_mode,draft,tree", [(True, "dynamic", "paper", "1x3x3x3"),

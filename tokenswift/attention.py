@@ -17,12 +17,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .native import rows_attention
+
 KEY_CHUNK = 4096
 SPLIT_MIN_ROWS = 16  # stacked query rows (group size x new tokens) from which the split form pays
 SPLIT_MIN_PREFIX = 512  # prefix keys from which the split form pays
 SPLIT_ANY_ROWS_PREFIX = 6144  # from this prefix the split form pays even for one token (measured: 8K keys,
 #                               one token, 3 stacked heads: 650 us split vs 757 plain; 12K: 867 vs 1,175)
 _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# The native few-row kernel (tokenswift/native/attend_rows.c), where it is available and measured faster here
+# (one thread, 6 query heads, 2 KV heads, d 64; microseconds per layer, PyTorch / native):
+#   1K keys: 1 token 149 / 70, 4 tokens 228 / 164, 16 tokens 565 / 406;
+#   16K keys: 1 token 2,625 / 1,481, 4 tokens 3,420 / 3,101, 8 tokens 4,202 / 5,362 (PyTorch's flash kernel wins).
+NATIVE_ROWS = 12  # stacked rows (group size x new tokens) up to which the native kernel serves at any length
+NATIVE_SHORT_KEYS = 2048  # ... and up to NATIVE_SHORT_ROWS rows over at most this many keys
+NATIVE_SHORT_ROWS = 48
 
 
 def attend(
@@ -46,6 +55,11 @@ def attend(
     g = hq // hkv
     qs = q.reshape(hkv, g * t, d)  # (Hkv, g*T, d): query heads of a group stacked as rows
     prefix = s - t
+    rows = g * t
+    if extra_mask is None and (rows <= NATIVE_ROWS or (s <= NATIVE_SHORT_KEYS and rows <= NATIVE_SHORT_ROWS)):
+        out = rows_attention.attend_rows(qs, k, v, scale, t, block_mask)
+        if out is not None:
+            return out.reshape(hq, t, d)
     many_rows = g * t >= SPLIT_MIN_ROWS and prefix >= SPLIT_MIN_PREFIX
     if (_cpu_flash is not None and extra_mask is None and (many_rows or prefix >= SPLIT_ANY_ROWS_PREFIX)
             and q.dtype == k.dtype):

@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 PROBE_ROWS = (1, 4, 12)  # rows timed by a probe; costs in between are interpolated, beyond extrapolated
-PRIOR_SHAPE = (1.0, 1.5, 2.6)  # cost of PROBE_ROWS relative to one row before the first probe
+PRIOR_SHAPE = (1.0, 1.5, 2.6)  # cost of PROBE_ROWS relative to one row before the first probe (PyTorch matmuls)
+PRIOR_SHAPE_NATIVE = (1.0, 1.15, 1.7)  # the same with the native panel kernel (measured: 1K context, 2-vCPU Xeon)
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
+MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
+#                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)
 REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe ...
 REPROBE_MIN_TOKENS = 2048  # ... and by at least this many tokens (short contexts cost about the same)
 
@@ -54,7 +57,8 @@ class AcceptanceStats:
 class CostModel:
     """Seconds to verify q rows at the current context, and the iteration's fixed overhead."""
 
-    def __init__(self) -> None:
+    def __init__(self, prior_shape: tuple[float, ...] = PRIOR_SHAPE) -> None:
+        self.prior_shape = prior_shape
         self.rows: list[int] = []
         self.seconds: list[float] = []
         self.probed_context = 0
@@ -73,7 +77,7 @@ class CostModel:
         2-vCPU Xeon at 1K context). The probe runs only once a plan under this prior wants to draft, so a
         run where nothing pays never spends time probing."""
         if not self.rows:
-            self.rows, self.seconds = list(PROBE_ROWS), [step_s * f for f in PRIOR_SHAPE]
+            self.rows, self.seconds = list(PROBE_ROWS), [step_s * f for f in self.prior_shape]
 
     def probe(self, verify: Callable[[int], None], context: int) -> None:
         """verify(q) runs one verification of q rows (forward, logits, decision); the faster of two timings
@@ -185,19 +189,26 @@ class Payoff:
 
 
 def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: int = MAX_ROWS,
-           calibration: float = 1.0) -> Plan:
+           calibration: float = 1.0, min_gain: float | None = None) -> Plan:
     """reach[i]: probability that the walk accepts candidate node i (its path's product of rates);
     node 0 is the root. Returns the prefix (by decreasing reach, shallower first on ties) that maximizes
-    expected tokens per second, with expected drafted tokens scaled by `calibration`."""
+    expected tokens per second, with expected drafted tokens scaled by `calibration`; no node at all unless
+    that rate is at least `min_gain` (default MIN_GAIN) times a plain step's."""
+    min_gain = MIN_GAIN if min_gain is None else min_gain
     order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
     best_q, best_rate, best_tokens, best_s = 0, 0.0, 1.0, 0.0
     tokens = 1.0
+    plain_rate = 0.0
     for q in range(0, len(order) + 1):
         if q > 0:
             tokens += calibration * reach[order[q - 1]]
         seconds = costs.cost(q + 1) + costs.overhead
         rate = tokens / seconds
+        if q == 0:
+            plain_rate = rate
         if rate > best_rate:
             best_q, best_rate, best_tokens, best_s = q, rate, tokens, seconds
+    if best_q and best_rate < min_gain * plain_rate:  # not worth it: a plain step
+        best_q, best_tokens, best_s = 0, 1.0, costs.cost(1) + costs.overhead
     note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / costs.cost(1):.2f} steps"
     return Plan(order[:best_q], best_tokens, note)

@@ -13,7 +13,7 @@ from torch import nn
 from . import events as ev
 from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
-from .auto import AcceptanceStats, Calibration, CostModel, MAX_ROWS, PROBE_ROWS, Payoff, choose
+from .auto import PRIOR_SHAPE, PRIOR_SHAPE_NATIVE, AcceptanceStats, Calibration, CostModel, MAX_ROWS, PROBE_ROWS, Payoff, choose
 from .heads import Heads, read_head_tensors
 from .kv_cache import KVCache
 from .lean import LeanHeads
@@ -258,7 +258,8 @@ class _Run:
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
         self.suffix = SuffixIndex() if self.auto and settings.ngram_reuse else None
         self.stats = AcceptanceStats() if self.auto else None
-        self.costs = CostModel() if self.auto else None
+        few_rows_cheap = a.lean is not None and a.lean.native_rows
+        self.costs = CostModel(PRIOR_SHAPE_NATIVE if few_rows_cheap else PRIOR_SHAPE) if self.auto else None
         self.calibration = Calibration() if self.auto else None
         self.payoff = Payoff() if self.auto else None
         self.expected_drafted = 0.0  # auto: the plan's expected accepted drafted tokens, this iteration
@@ -529,10 +530,10 @@ class _Run:
         # Plans that keep nothing in a row: after the second, the planner rests 1, 2, 4, ... then at most 32 iterations.
         self.plan_idle = 0 if plan.keep else self.plan_idle + 1
         self.plan_next = self.iteration + (2 ** min(self.plan_idle - 2, PLANNER_REST_LOG2) if self.plan_idle >= 2 else 1)
-        if consult_heads:  # heads no plan used are consulted after 2, 4, 8, then every 16 iterations
+        if consult_heads:  # heads no plan used are consulted after 2, 4, 8, ... then every 64 iterations
             used = any(cand.sources[i] == Source.HEAD for i in plan.keep)
             self.head_idle = 0 if used else self.head_idle + 1
-            self.head_next = self.iteration + 2 ** min(self.head_idle, 4)
+            self.head_next = self.iteration + 2 ** min(self.head_idle, HEAD_REST_LOG2)
         return tree, kept_keys, plan.note
 
     def probe_rows(self, q: int) -> None:
@@ -638,6 +639,8 @@ class _Run:
 AUTO_HEAD_TREE = "3x1x1"  # the head candidates auto may draw from (it keeps only those that pay; measured:
 #                           it rarely keeps more than 10 nodes, and every offered node costs Python time)
 PLANNER_REST_LOG2 = 5  # the planner rests at most 2**5 iterations after plans that kept nothing
+HEAD_REST_LOG2 = 6  # unused heads are consulted at least every 2**6 iterations (a consult costs about 1.3 ms here:
+#                     three head blocks and three LM-head rows; at paper sampling they rarely pay)
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
 SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
 

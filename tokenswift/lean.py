@@ -142,6 +142,8 @@ class LeanModel:
         head_b = None if head.bias is None else head.bias.detach().float()
         self.head = Matrix(head.weight.detach(), head_b, cd)
         self.intermediate = self.layers[0].down.in_features
+        # True when the matrices run through the native panel kernel: a few verified rows then cost little more than one
+        self.native_rows = all(m.panels is not None for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         self.rotary = inner.rotary_emb
         params = getattr(model.config, "rope_parameters", None) or {}
         self.static_rope = params.get("rope_type", "default") in ROPE_STATIC_TYPES

@@ -18,9 +18,6 @@
 #define PANEL 32          /* output columns per panel: two 16-float registers */
 #define MAX_GROUP 8       /* rows per pass: 8 x 2 accumulators + 2 weight registers fit in 32 */
 #define PREFETCH_ROWS 32  /* prefetch this many k-rows (4 KiB) ahead of the stream */
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT _MM_HINT_T0
-#endif
 
 #define DEFINE_GROUP(R)                                                                              \
 static void group##R(const float *x, const float *panels, float *y, int k_dim, int n_dim) {         \
@@ -32,8 +29,8 @@ static void group##R(const float *x, const float *panels, float *y, int k_dim, i
         }                                                                                         \
         for (int k = 0; k < k_dim; k++) {                                                         \
             const float *wk = w + (size_t)k * PANEL;                                              \
-            _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL), PREFETCH_HINT);                \
-            _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL + 16), PREFETCH_HINT);           \
+            _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL), _MM_HINT_T0);                \
+            _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL + 16), _MM_HINT_T0);           \
             __m512 w_lo = _mm512_loadu_ps(wk), w_hi = _mm512_loadu_ps(wk + 16);                    \
             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                  \
                 __m512 xv = _mm512_set1_ps(x[(size_t)r * k_dim + k]);                             \

@@ -1,0 +1,162 @@
+"""The optional native CPU kernels (tokenswift/native): exact enough to share the lossless promise, and optional.
+
+Where this machine cannot build them (no C compiler, no AVX-512) the kernel tests skip with the reason, and the
+fallback tests still run: then every model runs through PyTorch, as the rest of the suite checks."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tokenswift as ts
+from tokenswift.kv_cache import KVCache
+from tokenswift.native import build, panels, rows_attention
+
+from conftest import random_heads, tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_panels = pytest.mark.skipif(not panels.available(), reason=f"native panel kernel: {panels.why_unavailable()}")
+needs_attention = pytest.mark.skipif(not rows_attention.available(),
+                                     reason=f"native attention kernel: {build.why_not('attend_rows')}")
+
+
+@needs_panels
+@pytest.mark.parametrize("n,k", [(32, 7), (96, 200), (640, 384), (8192, 64)])
+def test_panel_product_matches_torch_for_every_row_count(n, k):
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(20, k, generator=gen)
+    m = panels.PanelMatrix(w)
+    ref = x.double() @ w.double().t()
+    for rows in range(1, panels.MAX_ROWS + 1):
+        got = m(x[:rows])
+        assert got.shape == (rows, n)
+        assert torch.allclose(got.double(), ref[:rows], rtol=1e-5, atol=1e-4), rows
+
+
+@needs_panels
+def test_a_row_does_not_depend_on_the_rows_computed_with_it():
+    """AR computes one row, verification many: the kernel gives every row bitwise the same result."""
+    gen = torch.Generator().manual_seed(1)
+    m = panels.PanelMatrix(torch.randn(256, 384, generator=gen))
+    x = torch.randn(16, 384, generator=gen)
+    together = m(x)
+    for r in range(16):
+        assert torch.equal(m(x[r : r + 1])[0], together[r])
+
+
+def test_panel_matrix_refuses_what_it_cannot_serve():
+    assert panels.PanelMatrix.build(torch.randn(33, 16)) is None  # output size not a multiple of 32
+
+
+def reference_attention(qs, k, v, scale, t, block_mask):
+    scores = (qs.double() @ k.double().transpose(1, 2)) * scale  # (Hkv, R, S)
+    if block_mask is not None:
+        rows, s = scores.shape[1], scores.shape[2]
+        allowed = block_mask[torch.arange(rows) % t]  # (R, t)
+        scores[..., s - t :] = scores[..., s - t :].masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v.double()).float()
+
+
+SHAPES = [(s, t, g) for s in (1, 15, 16, 17, 1000) for t, g in ((1, 3), (3, 1), (5, 3), (16, 3)) if t <= s]
+
+
+@needs_attention
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("s,t,g", SHAPES)
+def test_rows_attention_matches_softmax_attention(d, s, t, g):
+    gen = torch.Generator().manual_seed(s * 7 + t)
+    hkv, cap = 2, s + 9
+    k = torch.randn(hkv, cap, d, generator=gen)[:, :s]  # cache views: a head stride larger than s * d
+    v = torch.randn(hkv, cap, d, generator=gen)[:, :s]
+    qs = torch.randn(hkv, g * t, d, generator=gen) * 2
+    mask = None
+    if t > 1:  # a random tree: each new token sees itself and some earlier ones
+        mask = (torch.rand(t, t, generator=gen) < 0.5).tril()
+        mask.fill_diagonal_(True)
+    got = rows_attention.attend_rows(qs, k, v, d ** -0.5, t, mask)
+    assert got is not None
+    assert torch.allclose(got, reference_attention(qs, k, v, d ** -0.5, t, mask), rtol=1e-5, atol=2e-6)
+
+
+@needs_attention
+def test_rows_attention_declines_other_head_sizes_and_dtypes():
+    q, k = torch.randn(2, 3, 32), torch.randn(2, 10, 32)
+    assert rows_attention.attend_rows(q, k, k, 0.1, 1, None) is None
+    q, k = torch.randn(2, 3, 64, dtype=torch.float64), torch.randn(2, 10, 64, dtype=torch.float64)
+    assert rows_attention.attend_rows(q, k, k, 0.1, 1, None) is None
+
+
+def head_dim_64_model(family: str):
+    """A tiny model whose attention heads have 64 dims, so that the native attention kernel serves it."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    cfg = tiny_config(family, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                      num_key_value_heads=1 if family != "llama-mha" else 2, head_dim=64)
+    cfg.eos_token_id = cfg.bos_token_id = cfg.pad_token_id = None
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+@needs_attention
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "qwen2"])
+def test_native_forward_matches_hf(family):
+    """Prefill, one token at a time, and a tree-masked block, through the native kernels, against HF."""
+    model = head_dim_64_model(family)
+    adapter = ts.Generator(model).adapter
+    assert adapter.lean is not None and adapter.lean.native_rows
+    ids = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0].float()
+    cache = KVCache(adapter.layer_devices, 256, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
+    rows = []
+    for start, end in [(0, 100)] + [(i, i + 1) for i in range(100, 140)] + [(140, 150)]:
+        t = end - start
+        h, _ = adapter.forward(ids[start:end], torch.arange(start, end), cache, start,
+                               torch.ones(t, t, dtype=torch.bool).tril())
+        rows.append(adapter.logits(h))
+    assert (torch.cat(rows) - ref).abs().max().item() <= 1e-4
+
+
+@needs_attention
+@pytest.mark.parametrize("settings", [dict(), dict(draft="fused"), dict(tree="1x2x2", ngram_topk=3),
+                                      dict(penalty=1.3, penalty_window=64)])
+def test_greedy_tokenswift_equals_ar_through_the_native_kernels(settings):
+    model = head_dim_64_model("llama-gqa")
+    gen = ts.Generator(model, heads=random_heads(model))
+    prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    base = {k: v for k, v in settings.items() if k.startswith("penalty")}
+    ar = gen.generate(prompt, ts.Settings(**base), 300, method="ar").token_ids
+    result = gen.generate(prompt, ts.Settings(**settings), 300)
+    assert result.token_ids == ar
+    assert result.stats["mean_accepted"] > 1.0  # drafts were accepted: multi-row verification ran
+
+
+def run_isolated(code: str, **env) -> str:
+    """Run `code` in a fresh interpreter (the kernels are loaded once per process)."""
+    full_env = {**os.environ, **env}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+CHECK = ("from tokenswift.native import panels, rows_attention, build; import tokenswift as ts; "
+         "print(panels.available(), rows_attention.available(), '|', panels.why_unavailable())")
+
+
+def test_native_kernels_can_be_turned_off():
+    out = run_isolated(CHECK, TOKENSWIFT_NATIVE="0")
+    assert out.startswith("False False |") and "TOKENSWIFT_NATIVE=0" in out
+
+
+def test_a_failing_compiler_leaves_the_pytorch_path(tmp_path):
+    """No usable compiler: the kernels are unavailable with a reason, and generation still works."""
+    code = CHECK + ("; import torch; from conftest import tiny_model; m = tiny_model('llama-gqa'); "
+                    "g = ts.Generator(m); print(len(g.generate([1, 2, 3], ts.Settings(), 5, method='ar').token_ids))")
+    out = run_isolated(code, CC="false", TOKENSWIFT_CACHE=str(tmp_path), PYTHONPATH=str(ROOT / "tests"))
+    first, count = out.splitlines()
+    assert first.startswith("False False |") and "could not build" in first
+    assert count == "5"

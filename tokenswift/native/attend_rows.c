@@ -1,0 +1,168 @@
+/* Attention of a few query rows over a long key range, for decode and tree verification on a CPU.
+
+   Why: PyTorch's batched matmuls for 3 to 48 stacked query rows over a KV head run far below this CPU's
+   memory bandwidth, and the softmax between them is a separate pass. Here, per KV head, the keys are
+   read once in blocks of 16 (transposed into a small buffer so every query row takes 16 scores per fused
+   multiply-add), the softmax runs on vectors with our own exp, and the values are read once per group
+   of rows kept in registers.
+
+   q: (hkv, rows, d) contiguous, rows = g query heads x t new tokens (row r is token r % t).
+   k, v: per KV head, keys 0..s-1 with a row stride of d floats and head_stride floats between heads.
+   The first s - t keys are visible to every row; the last t keys are the new tokens, visible where
+   block_mask[(r % t) * t + j] is nonzero (block_mask may be NULL: all visible).
+   out: (hkv, rows, d). Returns 0, or -1 for a head size it does not handle (64 and 128 only). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <immintrin.h>
+
+#ifndef __AVX512F__
+#error "attend_rows needs AVX-512F"
+#endif
+
+#define KEYS 16
+#ifndef DIRECT_MAX_ROWS
+#define DIRECT_MAX_ROWS 12  /* up to this many stacked rows, scores by lane reduction; more: transposed keys */
+#endif
+
+/* exp(x) for x <= 0 (scores minus their row maximum): 2^n * e^f with |f| <= ln2 / 2 and a degree-7
+   Taylor polynomial (remainder below 6e-9 relative); exactly 0 below -87 (and for -inf). */
+static inline __m512 exp_nonpositive(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693145751953125f), ln2_lo = _mm512_set1_ps(1.428606765330187045e-06f);
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(n, ln2_hi, x);
+    f = _mm512_fnmadd_ps(n, ln2_lo, f);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
+}
+
+/* scores[r][0..s) = scale * q_r . k_j, keys transposed 16 at a time. */
+static void scores_of(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
+    float kt[128 * KEYS] __attribute__((aligned(64)));
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int s0 = 0; s0 < s; s0 += KEYS) {
+        int n = s - s0 < KEYS ? s - s0 : KEYS;
+        for (int i = 0; i < n; i++) {
+            const float *key = k + (size_t)(s0 + i) * d;
+            for (int j = 0; j < d; j++) kt[j * KEYS + i] = key[j];
+        }
+        for (int i = n; i < KEYS; i++)
+            for (int j = 0; j < d; j++) kt[j * KEYS + i] = 0.0f;
+        for (int r = 0; r < rows; r++) {
+            const float *qr = q + (size_t)r * d;
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+            for (int j = 0; j < d; j += 2) {
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j]), _mm512_load_ps(kt + j * KEYS), a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j + 1]), _mm512_load_ps(kt + (j + 1) * KEYS), a1);
+            }
+            _mm512_storeu_ps(scores + (size_t)r * s_pad + s0, _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+        }
+    }
+}
+
+/* The same for few rows: each key is read once, its dot product with every row reduced across lanes
+   (cheaper than transposing the keys when there are few rows to share the transposition). */
+static void scores_direct(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
+    for (int j = 0; j < s; j++) {
+        const float *key = k + (size_t)j * d;
+        _mm_prefetch((const char *)(key + 8 * d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(key + 8 * d + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(key + 8 * d + 32), _MM_HINT_T0);
+        _mm_prefetch((const char *)(key + 8 * d + 48), _MM_HINT_T0);
+        for (int r = 0; r < rows; r++) {
+            const float *qr = q + (size_t)r * d;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(key));
+            for (int c = 16; c < d; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + c), _mm512_loadu_ps(key + c), acc);
+            scores[(size_t)r * s_pad + j] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+}
+
+/* Row-wise softmax over [0, s) in place; returns nothing, lanes past s are left alone. */
+static void softmax_rows(float *scores, int rows, int s, int s_pad) {
+    for (int r = 0; r < rows; r++) {
+        float *row = scores + (size_t)r * s_pad;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + KEYS <= s; j += KEYS) m = _mm512_max_ps(m, _mm512_loadu_ps(row + j));
+        __mmask16 tail = (__mmask16)((1u << (s - j)) - 1u);
+        if (s - j) m = _mm512_mask_max_ps(m, tail, m, _mm512_maskz_loadu_ps(tail, row + j));
+        __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+        __m512 total = _mm512_setzero_ps();
+        for (j = 0; j + KEYS <= s; j += KEYS) {
+            __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), peak));
+            _mm512_storeu_ps(row + j, e);
+            total = _mm512_add_ps(total, e);
+        }
+        if (s - j) {
+            __m512 e = _mm512_maskz_mov_ps(tail, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), peak)));
+            _mm512_mask_storeu_ps(row + j, tail, e);
+            total = _mm512_add_ps(total, e);
+        }
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+        for (j = 0; j + KEYS <= s; j += KEYS) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+        if (s - j) _mm512_mask_storeu_ps(row + j, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), inv));
+    }
+}
+
+/* out[r] = sum_j p[r][j] v_j for a group of G rows with D16 = d / 16 registers each. */
+#define DEFINE_VALUES(NAME, G, D16)                                                                 \
+static void NAME(const float *p, const float *v, float *out, int rows, int s, int s_pad) {         \
+    for (int r0 = 0; r0 < rows; r0 += G) {                                                      \
+        int g = rows - r0 < G ? rows - r0 : G;                                                  \
+        __m512 acc[G][D16];                                                                     \
+        for (int a = 0; a < G; a++) for (int b = 0; b < D16; b++) acc[a][b] = _mm512_setzero_ps(); \
+        for (int j = 0; j < s; j++) {                                                           \
+            const float *vj = v + (size_t)j * D16 * 16;                                         \
+            __m512 vv[D16];                                                                     \
+            for (int b = 0; b < D16; b++) vv[b] = _mm512_loadu_ps(vj + b * 16);                  \
+            for (int a = 0; a < G; a++) {                                                       \
+                if (a < g) {                                                                    \
+                    __m512 w = _mm512_set1_ps(p[(size_t)(r0 + a) * s_pad + j]);                  \
+                    for (int b = 0; b < D16; b++) acc[a][b] = _mm512_fmadd_ps(w, vv[b], acc[a][b]); \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int a = 0; a < g; a++)                                                             \
+            for (int b = 0; b < D16; b++) _mm512_storeu_ps(out + (size_t)(r0 + a) * D16 * 16 + b * 16, acc[a][b]); \
+    }                                                                                           \
+}
+DEFINE_VALUES(values_d64, 6, 4)
+DEFINE_VALUES(values_d128, 3, 8)
+
+int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,
+                int t, int s, int d, float scale, const unsigned char *block_mask) {
+    if (d != 64 && d != 128) return -1;
+    int s_pad = (s + KEYS - 1) / KEYS * KEYS;
+    float *scores = (float *)aligned_alloc(64, (size_t)rows * s_pad * sizeof(float));
+    if (!scores) return -2;
+    int prefix = s - t;
+    for (int h = 0; h < hkv; h++) {
+        const float *qh = q + (size_t)h * rows * d;
+        const float *kh = k + (size_t)h * head_stride, *vh = v + (size_t)h * head_stride;
+        if (rows <= DIRECT_MAX_ROWS) scores_direct(qh, kh, scores, rows, s, s_pad, d, scale);
+        else scores_of(qh, kh, scores, rows, s, s_pad, d, scale);
+        if (block_mask)
+            for (int r = 0; r < rows; r++) {
+                const unsigned char *allowed = block_mask + (size_t)(r % t) * t;
+                float *row = scores + (size_t)r * s_pad + prefix;
+                for (int j = 0; j < t; j++) if (!allowed[j]) row[j] = -INFINITY;
+            }
+        softmax_rows(scores, rows, s, s_pad);
+        float *oh = out + (size_t)h * rows * d;
+        if (d == 64) values_d64(scores, vh, oh, rows, s, s_pad);
+        else values_d128(scores, vh, oh, rows, s, s_pad);
+    }
+    free(scores);
+    return 0;
+}
