@@ -529,8 +529,16 @@ def _engine_compute(gen) -> str:
     lean = gen.adapter.lean
     if lean is None:
         return "through the model's own modules"
+    from .native import build, panels, rows_attention
+
     kinds = sorted(set(lean.dtypes.values()))
-    return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache"
+    if lean.native_rows and rows_attention.available():
+        native = "native few-row matmul and attention kernels"
+    elif lean.native_rows:
+        native = f"native few-row matmul kernel (attention through PyTorch: {build.why_not('attend_rows')})"
+    else:
+        native = f"PyTorch matmuls and attention ({panels.why_unavailable() or 'native kernels not used'})"
+    return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache, {native}"
 
 
 def print_conditions(c: dict) -> None:
