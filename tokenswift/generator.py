@@ -262,8 +262,10 @@ class _Run:
         self.costs = CostModel(PRIOR_SHAPE_NATIVE if few_rows_cheap else PRIOR_SHAPE) if self.auto else None
         self.calibration = Calibration() if self.auto else None
         self.payoff = Payoff() if self.auto else None
+        # a sampled token equals a draft with the target's probability of that draft: lower priors than greedy's
+        self.prior_scale = 1.0 if settings.greedy else SAMPLED_PRIOR_SCALE
         self.expected_drafted = 0.0  # auto: the plan's expected accepted drafted tokens, this iteration
-        self.head_idle = 0  # auto: consecutive plans that used no head node (heads are then consulted less often)
+        self.head_idle = 0  # auto: consults since a head token was last accepted (heads are then consulted less often)
         self.head_next = 0  # auto: first iteration at which the heads are consulted again
         self.plan_idle = 0  # auto: consecutive plans that kept no node
         self.plan_next = 0  # auto: first iteration at which the planner runs again
@@ -495,7 +497,8 @@ class _Run:
             m, cont = self.suffix.lookup(SUFFIX_DRAFT)
             if cont:
                 kinds = [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
-                add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [0.6 if m >= 3 else 0.3] * len(cont))
+                prior = (0.6 if m >= 3 else 0.3) * self.prior_scale
+                add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [prior] * len(cont))
         consult_heads = bool(self.paths) and self.fused_hidden is not None and self.iteration >= self.head_next
         if consult_heads:
             cands, cprobs = self.head_candidates()
@@ -508,14 +511,15 @@ class _Run:
             for cont, count in found:
                 share = count / total
                 kinds = [(Source.NGRAM, j + 1, _prob_bucket(share)) for j in range(len(cont))]
-                add(list(cont), Source.NGRAM, [share] * len(cont), kinds, [0.3 * share] * len(cont))
+                add(list(cont), Source.NGRAM, [share] * len(cont), kinds, [0.3 * share * self.prior_scale] * len(cont))
 
         reach = [1.0]
         for i in range(1, len(cand)):
             reach.append(reach[cand.parents[i]] * rates[i])
         scale = self.calibration.factor * self.payoff.factor
         plan = choose(reach, cand.depths, self.costs, calibration=scale)
-        if plan.keep and self.costs.needs_probe(len(self.ids)):  # drafting looks worth it: measure, then decide
+        if plan.keep and self.iteration >= PROBE_AFTER and self.costs.needs_probe(len(self.ids)):
+            # drafting looks worth it, and the acceptance rates rest on some evidence: measure, then decide
             t = time.perf_counter()
             self.costs.probe(self.probe_rows, len(self.ids))
             self.probe_s = time.perf_counter() - t
@@ -530,9 +534,9 @@ class _Run:
         # Plans that keep nothing in a row: after the second, the planner rests 1, 2, 4, ... then at most 32 iterations.
         self.plan_idle = 0 if plan.keep else self.plan_idle + 1
         self.plan_next = self.iteration + (2 ** min(self.plan_idle - 2, PLANNER_REST_LOG2) if self.plan_idle >= 2 else 1)
-        if consult_heads:  # heads no plan used are consulted after 2, 4, 8, ... then every 64 iterations
-            used = any(cand.sources[i] == Source.HEAD for i in plan.keep)
-            self.head_idle = 0 if used else self.head_idle + 1
+        if consult_heads:  # heads whose tokens are not accepted are consulted after 2, 4, 8, ... then every 64 iterations
+            # backed off now; an accepted head token (seen after the verification) resets the backoff
+            self.head_idle += 1
             self.head_next = self.iteration + 2 ** min(self.head_idle, HEAD_REST_LOG2)
         return tree, kept_keys, plan.note
 
@@ -611,6 +615,8 @@ class _Run:
             self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])
         if keys is not None:
             self.calibration.observe(self.expected_drafted, len(path))
+            if any(tree.sources[n] == Source.HEAD for n in path):
+                self.head_idle, self.head_next = 0, self.iteration + 1
             on_path = set(path)
             for visited in [0] + path:
                 for child in tree.children[visited].values():
@@ -642,6 +648,8 @@ PLANNER_REST_LOG2 = 5  # the planner rests at most 2**5 iterations after plans t
 HEAD_REST_LOG2 = 6  # unused heads are consulted at least every 2**6 iterations (a consult costs about 1.3 ms here:
 #                     three head blocks and three LM-head rows; at paper sampling they rarely pay)
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
+PROBE_AFTER = 16  # iterations before the first cost probe: until then plans price rows by the prior curve
+SAMPLED_PRIOR_SCALE = 0.5  # suffix and 4-gram priors when sampling (the stats replace them within a few visits)
 SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
 
 
