@@ -64,3 +64,17 @@ def test_divergence_report_gives_position_and_gap():
         assert out["gaps"][0]["gap"] >= 0 and isinstance(out["near_tie"], bool)
     sampled = bs.lossless_check(prompt, [ar], [other], bs.ROWS["paper"], [model])
     assert sampled["first_diff"] == 2 and "gaps" not in sampled
+
+
+def test_speed_without_hf_runs_our_methods_only():
+    """--no-hf: AR, auto and the paper tree side by side, HF columns left empty."""
+    model = tiny_model("llama-gqa")
+    gen = ts.Generator(model, heads=random_heads(model))
+    prompt = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(4)).tolist()
+    res = bs.run_speed(gen, {}, {48: prompt}, ["greedy+penalty"], tokens=12, repeats=1, auto_tree="auto",
+                       progress=False)
+    (row,) = res["rows"]
+    assert {r["method"] for r in res["runs"]} == set(bs.OURS)
+    assert row["ratios"]["tokenswift-auto/ours-ar"] > 0 and row["lossless"]["tokenswift-auto"]["identical"]
+    table = bs.markdown_table({"conditions": {"new_tokens": 12, "threads": 1, "model": "tiny"}, **res})
+    assert table.count("\n| 48 |") == 1

@@ -584,6 +584,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="runs/bench-speed")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-hf", action="store_true",
+                   help="only our methods (AR, auto, paper tree): a shorter side-by-side check of auto / AR")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -601,7 +603,7 @@ def run_cli(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     gen = Generator.from_pretrained(args.model, dtype=args.dtype)
-    hf_models = load_hf_models(args.model)
+    hf_models = {} if args.no_hf else load_hf_models(args.model)
     prompts = held_out_prompts(gen.encode, args.contexts, Path(args.corpus) if args.corpus else None)
     prompts = {k: prompts[k] for k in args.contexts}
     cond = conditions(gen, {"model": args.model, "new_tokens": args.tokens, "repeats": args.repeats,
