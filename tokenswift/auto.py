@@ -200,19 +200,16 @@ def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: in
     that rate is at least `min_gain` (default MIN_GAIN) times a plain step's."""
     min_gain = MIN_GAIN if min_gain is None else min_gain
     order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
-    best_q, best_rate, best_tokens, best_s = 0, 0.0, 1.0, 0.0
+    plain_s = costs.cost(1) + costs.overhead
+    best_q, best_rate, best_tokens, best_s = 0, 1.0 / plain_s, 1.0, plain_s
     tokens = 1.0
-    plain_rate = 0.0
-    for q in range(0, len(order) + 1):
-        if q > 0:
-            tokens += calibration * reach[order[q - 1]]
+    for q in range(1, len(order) + 1):
+        tokens += calibration * reach[order[q - 1]]
         seconds = costs.cost(q + 1) + costs.overhead
         rate = tokens / seconds
-        if q == 0:
-            plain_rate = rate
         if rate > best_rate:
             best_q, best_rate, best_tokens, best_s = q, rate, tokens, seconds
-    if best_q and best_rate < min_gain * plain_rate:  # not worth it: a plain step
-        best_q, best_tokens, best_s = 0, 1.0, costs.cost(1) + costs.overhead
+    if best_q and best_rate < min_gain / plain_s:  # not worth it: a plain step
+        best_q, best_tokens, best_s = 0, 1.0, plain_s
     note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / costs.cost(1):.2f} steps"
     return Plan(order[:best_q], best_tokens, note)

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 DISABLE_ENV = "TOKENSWIFT_NATIVE"  # "0": never build or load native kernels
 CACHE_ENV = "TOKENSWIFT_CACHE"
@@ -24,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _reasons: dict[str, str] = {}
+_functions: dict[str, object] = {}
 
 
 def _cpu_identity() -> str:
@@ -70,6 +72,25 @@ def load(name: str) -> ctypes.CDLL | None:
         lib = _build_and_load(name)
     _loaded[name] = lib
     return lib
+
+
+def function(name: str, restype, argtypes: list, self_check: Callable[[], bool], reference: str):
+    """The C function `name` of the library built from `<name>.c`, typed, once it has passed `self_check()`
+    (which may call this function again: it then gets the function under test); None where it is not
+    available or disagrees with `reference` (see `why_not(name)`)."""
+    if name in _functions:
+        return _functions[name]
+    lib = load(name)
+    if lib is None:
+        _functions[name] = None
+        return None
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = restype, argtypes
+    _functions[name] = fn
+    if not self_check():
+        _reasons[name] = f"self-check against {reference} failed"
+        _functions[name] = None
+    return _functions[name]
 
 
 def why_not(name: str) -> str:

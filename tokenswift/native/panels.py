@@ -18,27 +18,11 @@ from . import build
 MAX_ROWS = 16  # beyond this (big trees, prefill chunks) oneDNN / MKL are as good or better
 _VOID = ctypes.c_void_p
 _INT = ctypes.c_int
-_kernel = None
-_checked = False
 
 
 def _function():
     """The C function, or None."""
-    global _kernel, _checked
-    if _checked:
-        return _kernel
-    _checked = True
-    lib = build.load("panel_mm")
-    if lib is None:
-        return None
-    fn = lib.panel_mm
-    fn.restype = None
-    fn.argtypes = [_VOID, _VOID, _VOID, _INT, _INT, _INT]
-    _kernel = fn
-    if not _self_check():
-        build._reasons["panel_mm"] = "self-check against torch.mm failed"
-        _kernel = None
-    return _kernel
+    return build.function("panel_mm", None, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _self_check, "torch.mm")
 
 
 def available() -> bool:
@@ -55,7 +39,8 @@ class PanelMatrix:
     WIDTH = 32
 
     def __init__(self, weight: torch.Tensor) -> None:
-        if _function() is None:
+        self._kernel = _function()
+        if self._kernel is None:
             raise RuntimeError(f"the native panel kernel is not available: {why_unavailable()}")
         n, k = weight.shape
         self.out_features, self.in_features = n, k
@@ -73,7 +58,7 @@ class PanelMatrix:
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
-        _kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features, self.out_features)
+        self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features, self.out_features)
         return y
 
 

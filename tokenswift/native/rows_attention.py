@@ -12,26 +12,11 @@ import torch
 from . import build
 
 _VOID, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
-_kernel = None
-_checked = False
+_ARGTYPES = [_VOID, _VOID, _VOID, _LONG, _VOID, _INT, _INT, _INT, _INT, _INT, _FLOAT, _VOID]
 
 
 def _function():
-    global _kernel, _checked
-    if _checked:
-        return _kernel
-    _checked = True
-    lib = build.load("attend_rows")
-    if lib is None:
-        return None
-    fn = lib.attend_rows
-    fn.restype = _INT
-    fn.argtypes = [_VOID, _VOID, _VOID, _LONG, _VOID, _INT, _INT, _INT, _INT, _INT, _FLOAT, _VOID]
-    _kernel = fn
-    if not _self_check():
-        build._reasons["attend_rows"] = "self-check against PyTorch attention failed"
-        _kernel = None
-    return _kernel
+    return build.function("attend_rows", _INT, _ARGTYPES, _self_check, "PyTorch attention")
 
 
 def available() -> bool:
@@ -44,7 +29,8 @@ def attend_rows(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     tokens last; block_mask: (t, t) bool, True = visible (None: all). Returns (Hkv, R, d), or None."""
     hkv, rows, d = qs.shape
     s = k.shape[1]
-    if (_function() is None or d not in (64, 128) or qs.dtype != torch.float32 or k.dtype != torch.float32
+    kernel = _function()
+    if (kernel is None or d not in (64, 128) or qs.dtype != torch.float32 or k.dtype != torch.float32
             or v.dtype != torch.float32 or qs.device.type != "cpu" or k.stride(2) != 1 or k.stride(1) != d
             or v.stride() != k.stride() or s < t):
         return None
@@ -54,7 +40,7 @@ def attend_rows(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     if block_mask is not None:
         mask = block_mask.to(torch.uint8).contiguous()
         mask_ptr = mask.data_ptr()
-    code = _kernel(qs.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), out.data_ptr(), hkv, rows, t, s, d,
+    code = kernel(qs.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), out.data_ptr(), hkv, rows, t, s, d,
                    float(scale), mask_ptr)
     return out if code == 0 else None
 
