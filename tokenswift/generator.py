@@ -15,6 +15,7 @@ from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
 from .auto import PRIOR_SHAPE, PRIOR_SHAPE_NATIVE, AcceptanceStats, Calibration, CostModel, MAX_ROWS, PROBE_ROWS, Payoff, choose
 from .heads import Heads, read_head_tensors
+from .datastore import ORDERS as DATASTORE_ORDERS, Datastore, find as find_datastore
 from .kv_cache import KVCache
 from .lean import LeanHeads
 from .native import decide as native_decide
@@ -44,7 +45,8 @@ class Result:
 class Generator:
     """A loaded model (plus optional heads and tokenizer) that generates with AR or TokenSwift."""
 
-    def __init__(self, model: nn.Module, tokenizer=None, heads: Heads | None = None) -> None:
+    def __init__(self, model: nn.Module, tokenizer=None, heads: Heads | None = None,
+                 datastore: Datastore | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.adapter = ModelAdapter(model)
@@ -52,12 +54,16 @@ class Generator:
         self._lean_heads: LeanHeads | None = None
         if heads is not None:
             self.set_heads(heads)
+        self.datastore: Datastore | None = None
+        self.set_datastore(datastore)
 
     # ---- construction ------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
-                        dtype: torch.dtype | str | None = None, heads: bool = True, **model_kwargs) -> "Generator":
-        """Load a model, its tokenizer and (when the checkpoint has them) its TokenSwift heads.
+                        dtype: torch.dtype | str | None = None, heads: bool = True, datastore: bool = True,
+                        **model_kwargs) -> "Generator":
+        """Load a model, its tokenizer and (when the checkpoint has them) its TokenSwift heads and its datastore of
+        continuations (`datastore.safetensors`, see tokenswift.datastore).
 
         device: "cpu", "cuda", "cuda:1", or "auto" (accelerate's device_map). dtype: torch dtype or its
         name ("bfloat16"); None keeps the checkpoint's. Never runs remote code."""
@@ -82,11 +88,21 @@ class Generator:
             model = model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         gen = cls(model, tokenizer)
-        if heads:
+        if heads or datastore:
             local = _local_dir(path)
-            if read_head_tensors(local):
+            if heads and read_head_tensors(local):
                 gen.set_heads(Heads.load(model, local))
+            store = find_datastore(local) if datastore else None
+            if store is not None:
+                gen.set_datastore(Datastore.load(store))
         return gen
+
+    def set_datastore(self, datastore: Datastore | None) -> None:
+        """Attach a datastore of continuations (drafts for tree="auto" with token reuse on), or None."""
+        if datastore is not None and datastore.vocab_size > self.adapter.vocab_size:
+            raise ValueError(f"the datastore's vocabulary ({datastore.vocab_size}) is larger than the model's "
+                             f"({self.adapter.vocab_size})")
+        self.datastore = datastore
 
     @property
     def heads(self) -> Heads | None:
@@ -263,6 +279,7 @@ class _Run:
         self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.cache_dtype)
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
         self.suffix = SuffixIndex() if self.auto and settings.ngram_reuse else None
+        self.datastore = gen.datastore if self.auto and settings.ngram_reuse else None
         self.stats = AcceptanceStats() if self.auto else None
         few_rows_cheap = a.lean is not None and a.lean.native_rows
         self.costs = CostModel(PRIOR_SHAPE_NATIVE if few_rows_cheap else PRIOR_SHAPE) if self.auto else None
@@ -509,6 +526,25 @@ class _Run:
                 kinds = [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
                 prior = (0.6 if m >= 3 else 0.3) * self.prior_scale
                 add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [prior] * len(cont))
+        if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
+            context = self.ids[-DATASTORE_CONTEXT:]  # runner-up continuation at depth 1
+            chain, shares, kinds, priors = [], [], [], []
+            for depth in range(1, DATASTORE_DRAFT + 1):
+                order, found = self.datastore.lookup(context)
+                if not found:
+                    break
+                if depth == 1:
+                    for token, share in found[1:]:
+                        add([token], Source.NGRAM, [share], [(Source.DATASTORE, order, _prob_bucket(share), 1)],
+                            [min(PRIOR_CAP, share * self.prior_scale)])
+                token, share = found[0]
+                chain.append(token)
+                shares.append(share)
+                kinds.append((Source.DATASTORE, order, _prob_bucket(share), min(depth, 3)))
+                priors.append(min(PRIOR_CAP, share * self.prior_scale))
+                context = context[1:] + [token]
+            if chain:
+                add(chain, Source.NGRAM, shares, kinds, priors)
         consult_heads = bool(self.paths) and self.fused_hidden is not None and self.iteration >= self.head_next
         if consult_heads:
             cands, cprobs = self.head_candidates()
@@ -661,6 +697,9 @@ AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
 PROBE_AFTER = 16  # iterations before the first cost probe: until then plans price rows by the prior curve
 SAMPLED_PRIOR_SCALE = 0.5  # suffix and 4-gram priors when sampling (the stats replace them within a few visits)
 SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
+DATASTORE_DRAFT = 4  # longest datastore chain offered to auto (measured: deeper links rarely survive)
+DATASTORE_CONTEXT = max(DATASTORE_ORDERS)  # tokens of context a datastore lookup reads
+PRIOR_CAP = 0.9  # no prior rate reaches 1 (a child must never look likelier than its parent)
 
 
 def _chain_bucket(j: int) -> int:

@@ -13,8 +13,9 @@ class Source(StrEnum):
 
     ROOT = "root"  # the tree's root: the last committed token
     HEAD = "head"  # a model draft (depth 1: the base LM head; deeper: the extra heads)
-    NGRAM = "ngram"  # reused text: a 4-gram of the table or, under tree="auto", a suffix match
-    SUFFIX = "suffix"  # tree="auto" keeps acceptance statistics of suffix matches under this kind
+    NGRAM = "ngram"  # reused text: a 4-gram of the table or, under tree="auto", a suffix match or a datastore continuation
+    SUFFIX = "suffix"  # tree="auto" keeps acceptance statistics of suffix matches under this kind ...
+    DATASTORE = "datastore"  # ... and of datastore continuations (tokenswift.datastore) under this one
     BONUS = "bonus"  # the target's own sample at the end of the accepted path
     AR = "ar"  # a plain autoregressive step
 
