@@ -45,8 +45,8 @@ class Matrix:
     """One weight matrix laid out for the fastest product with a few rows of activations.
 
     Where the native panel kernel is available (`tokenswift/native/panels.py`: a C compiler and AVX-512),
-    float32 products of up to 16 rows go through it: it streams the weights once for up to 8 rows, so
-    verifying 8 rows costs about what one row does in the matrices, and a row's result does not depend on
+    float32 products of up to 16 rows go through it: it streams the weights once for up to 12 rows, so
+    verifying 12 rows costs about what one row does in the matrices, and a row's result does not depend on
     how many rows are computed with it. Otherwise, and beyond 16 rows, PyTorch as follows.
 
     Measured here (fp32, one thread, weights streamed from L3, microseconds for 1 / 8 / 16 / 32 rows):

@@ -2,8 +2,8 @@
 
    Why: on a CPU one decode step is bound by the bytes of weights it reads, not by arithmetic. A
    vendor GEMM reads W once at one row but, for 2 to 16 rows, packs or re-reads it and ran 1.5 to 3x
-   slower than one row here. This kernel keeps up to 8 rows' accumulators in registers and reads
-   each weight panel once, with software prefetch ahead of the stream: 8 rows cost about 1.1x one row.
+   slower than one row here. This kernel keeps up to 12 rows' accumulators in registers and reads
+   each weight panel once, with software prefetch ahead of the stream: 12 rows cost about 1.1x one row.
 
    Layout: W (N, K) is stored as N / 32 panels of (K, 32): panel p holds columns 32p..32p+31 for every
    k, contiguous. Every output element is summed over k = 0..K-1 in order with fused multiply-adds,
@@ -16,7 +16,7 @@
 #endif
 
 #define PANEL 32          /* output columns per panel: two 16-float registers */
-#define MAX_GROUP 8       /* rows per pass: 8 x 2 accumulators + 2 weight registers fit in 32 */
+#define MAX_GROUP 12      /* rows per pass: 12 x 2 accumulators + 2 weight registers fit in 32 (x is broadcast from memory) */
 #define PREFETCH_ROWS 32  /* prefetch this many k-rows (4 KiB) ahead of the stream */
 
 #define DEFINE_GROUP(R)                                                                              \
@@ -24,7 +24,7 @@ static void group##R(const float *x, const float *panels, float *y, int k_dim, i
     for (int p = 0; p < n_dim / PANEL; p++) {                                                     \
         const float *w = panels + (size_t)p * k_dim * PANEL;                                      \
         __m512 lo[R], hi[R];                                                                      \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                      \
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                      \
             lo[r] = _mm512_setzero_ps(); hi[r] = _mm512_setzero_ps();                              \
         }                                                                                         \
         for (int k = 0; k < k_dim; k++) {                                                         \
@@ -32,13 +32,13 @@ static void group##R(const float *x, const float *panels, float *y, int k_dim, i
             _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL), _MM_HINT_T0);                \
             _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL + 16), _MM_HINT_T0);           \
             __m512 w_lo = _mm512_loadu_ps(wk), w_hi = _mm512_loadu_ps(wk + 16);                    \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                  \
+            _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                  \
                 __m512 xv = _mm512_set1_ps(x[(size_t)r * k_dim + k]);                             \
                 lo[r] = _mm512_fmadd_ps(xv, w_lo, lo[r]);                                         \
                 hi[r] = _mm512_fmadd_ps(xv, w_hi, hi[r]);                                         \
             }                                                                                     \
         }                                                                                         \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                      \
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                      \
             _mm512_storeu_ps(y + (size_t)r * n_dim + (size_t)p * PANEL, lo[r]);                    \
             _mm512_storeu_ps(y + (size_t)r * n_dim + (size_t)p * PANEL + 16, hi[r]);               \
         }                                                                                         \
@@ -47,12 +47,14 @@ static void group##R(const float *x, const float *panels, float *y, int k_dim, i
 
 DEFINE_GROUP(1) DEFINE_GROUP(2) DEFINE_GROUP(3) DEFINE_GROUP(4)
 DEFINE_GROUP(5) DEFINE_GROUP(6) DEFINE_GROUP(7) DEFINE_GROUP(8)
+DEFINE_GROUP(9) DEFINE_GROUP(10) DEFINE_GROUP(11) DEFINE_GROUP(12)
 
 typedef void (*group_fn)(const float *, const float *, float *, int, int);
-static const group_fn GROUPS[MAX_GROUP + 1] = {0, group1, group2, group3, group4, group5, group6, group7, group8};
+static const group_fn GROUPS[MAX_GROUP + 1] = {0, group1, group2, group3, group4, group5, group6, group7, group8,
+                                                group9, group10, group11, group12};
 
 /* x: (m, k) row-major; panels: (n / 32, k, 32); y: (m, n) row-major. n must be a multiple of 32.
-   Rows are taken in groups of at most 8, split evenly (12 rows: 6 + 6). */
+   Rows are taken in groups of at most 12, split evenly (16 rows: 8 + 8). */
 void panel_mm(const float *x, const float *panels, float *y, int m, int k_dim, int n_dim) {
     int passes = (m + MAX_GROUP - 1) / MAX_GROUP;
     int done = 0;
