@@ -515,6 +515,7 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
         "cpu": cpu_model(), "cpus_online": os.cpu_count(),
         "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
         "engine_compute": _engine_compute(gen),
+        "datastore": f"{len(gen.datastore):,} contexts" if gen.datastore is not None else "none",
         "prompts": {str(k): {"tokens": len(v["ids"]), "source": v["source"]} for k, v in prompts.items()},
         "rows": {row: ROWS[row].to_dict() for row in args_like.get("rows", ROWS)},
         "hf_kwargs": {row: hf_kwargs(row) for row in args_like.get("rows", ROWS)},
@@ -529,11 +530,13 @@ def _engine_compute(gen) -> str:
     lean = gen.adapter.lean
     if lean is None:
         return "through the model's own modules"
-    from .native import build, panels, rows_attention
+    from .native import build, decide, panels, rows_attention
 
     kinds = sorted(set(lean.dtypes.values()))
-    if lean.native_rows and rows_attention.available():
-        native = "native few-row matmul and attention kernels"
+    if lean.native_rows and rows_attention.available() and decide.available():
+        native = "native few-row matmul, attention and decision kernels"
+    elif lean.native_rows and rows_attention.available():
+        native = f"native few-row matmul and attention kernels (decisions through PyTorch: {build.why_not('decide_rows')})"
     elif lean.native_rows:
         native = f"native few-row matmul kernel (attention through PyTorch: {build.why_not('attend_rows')})"
     else:
@@ -551,7 +554,8 @@ def print_conditions(c: dict) -> None:
     for k, v in c["prompts"].items():
         print(f"prompt {int(k):,} tokens: {v['source']}")
     print(f"new tokens: {c['new_tokens']}, repeats: {c['repeats']} (method order rotated per repeat), seed {c['seed']}")
-    print(f"tokenswift-auto tree: {c['auto_tree']!r}; tokenswift-paper: {PAPER_TREE}")
+    print(f"tokenswift-auto tree: {c['auto_tree']!r} (datastore of continuations: {c.get('datastore', 'none')}); "
+          f"tokenswift-paper: {PAPER_TREE}")
     print(f"rows: {', '.join(c['rows'])}; note: {PENALTY_NOTE}")
 
 

@@ -60,8 +60,39 @@ What raises these numbers is a lower-entropy target: a larger or better-trained 
 """
 
 
+DATASTORE_COMMANDS = """```bash
+C="--model assets/default-model --corpus ../shared/corpus --prompt-tokens 64 --prompt-tokens-max 256 --new-tokens 896 --save-ids --threads 1"
+python -m tokenswift.train.selfgen $C --mode greedy         --out runs/selfgen/greedy         --batches 4 --batch-size 48 --seed 1
+python -m tokenswift.train.selfgen $C --mode greedy-penalty --out runs/selfgen/greedy-penalty --batches 3 --batch-size 48 --seed 2
+python -m tokenswift.train.selfgen $C --mode sample         --out runs/selfgen/sample         --batches 3 --batch-size 48 --seed 3
+python -m tokenswift.train.datastore --model assets/default-model --corpus ../shared/corpus \\
+    --selfgen runs/selfgen --min-count 5 --min-share 0.2 --out assets/default-model
+```"""
+
+
+def datastore_section(model_dir: str | Path) -> str:
+    """The card's section on `datastore.safetensors`, from the file itself ('' when the model has none)."""
+    from ..datastore import Datastore, find
+
+    path = find(model_dir)
+    if path is None:
+        return ""
+    store = Datastore.load(path)
+    orders = ", ".join(f"{len(t):,} of {n} tokens" for n, t in store.tables.items())
+    return f"""## Datastore of continuations
+`datastore.safetensors` ({path.stat().st_size / 1e6:.2f} MB) holds {len(store):,} contexts ({orders}), each with
+its one or two most frequent next tokens and their shares, from the Austen train split and from about 430,000 tokens
+the model generated itself (greedy, greedy with penalty 1.2, and the paper's sampling, after 64-256-token prompts
+drawn from the train split): contexts seen at least 5 times, continuations with at least a 0.2 share.
+`tree="auto"` drafts from it when token reuse is on (`tokenswift/datastore.py`, in the manner of REST); every
+draft is verified, so it changes speed, never the output. Built with:
+{DATASTORE_COMMANDS}
+
+"""
+
+
 def render(ev: dict, lm_log: list[dict], heads_log: list[dict], lm_settings: dict, heads_settings: dict,
-           hardware: str, lm_minutes: float, heads_minutes: float) -> str:
+           hardware: str, lm_minutes: float, heads_minutes: float, datastore_text: str = "") -> str:
     bpc = ev["bits_per_char"]
     cfg = next(r["config"] for r in lm_log if r.get("kind") == "start")
     bpc_rows = "\n".join(f"| {name} | {m['loss']:.3f} | {m['ppl']:.1f} | {m['bpc']:.3f} |" for name, m in bpc.items())
@@ -151,7 +182,7 @@ and logits, batch 1, 2 threads, `--parts speed`):
 **{ev.get('ar_tokens_per_s_short_context', float('nan')):.0f} tokens/s**.
 
 {long_section}
-## Samples (unedited)
+{datastore_text}## Samples (unedited)
 {samples}
 
 ## Limits
@@ -175,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     lm_run, heads_run = Path(args.lm_run), Path(args.heads_run)
     text = render(ev, _log(lm_run / "log.jsonl"), _log(heads_run / "heads_log.jsonl"),
                   json.loads((lm_run / "settings.json").read_text()), json.loads((heads_run / "settings.json").read_text()),
-                  args.hardware, args.lm_minutes, args.heads_minutes)
+                  args.hardware, args.lm_minutes, args.heads_minutes, datastore_section(Path(args.out).parent))
     Path(args.out).write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
