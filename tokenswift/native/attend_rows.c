@@ -2,9 +2,10 @@
 
    Why: PyTorch's batched matmuls for 3 to 48 stacked query rows over a KV head run far below this CPU's
    memory bandwidth, and the softmax between them is a separate pass. Here, per KV head, the keys are
-   read once in blocks of 16 (transposed into a small buffer so every query row takes 16 scores per fused
-   multiply-add), the softmax runs on vectors with our own exp, and the values are read once per group
-   of rows kept in registers.
+   read once: for one new token (the query heads of its group) as lane-reduced dot products, for more in
+   blocks of 16 transposed in registers into a small buffer, so that every query row takes 16 scores per
+   fused multiply-add; the softmax runs on vectors with our own exp, and the values are read once per
+   group of rows kept in registers.
 
    q: (hkv, rows, d) contiguous, rows = g query heads x t new tokens (row r is token r % t).
    k, v: per KV head, keys 0..s-1 with a row stride of d floats and head_stride floats between heads.
@@ -22,22 +23,49 @@
 #endif
 
 #define KEYS 16
-#ifndef DIRECT_MAX_ROWS
-#define DIRECT_MAX_ROWS 12  /* up to this many stacked rows, scores by lane reduction; more: transposed keys */
-#endif
 
-/* scores[r][0..s) = scale * q_r . k_j, keys transposed 16 at a time. */
+/* Transpose a 16 x 16 tile held in 16 registers (rows in, columns out) in four shuffle stages. */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d b0 = _mm512_castps_pd(t[4 * i + 2]), b1 = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+    }
+    /* r[4i + j] now holds, for rows 4i..4i+3, column j of each 128-bit lane: combine lanes across row groups */
+    for (int j = 0; j < 4; j++) {
+        __m512 a = r[j], b = r[4 + j], c = r[8 + j], d = r[12 + j];
+        __m512 ab_lo = _mm512_shuffle_f32x4(a, b, 0x88), ab_hi = _mm512_shuffle_f32x4(a, b, 0xDD);
+        __m512 cd_lo = _mm512_shuffle_f32x4(c, d, 0x88), cd_hi = _mm512_shuffle_f32x4(c, d, 0xDD);
+        t[j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+        t[8 + j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+        t[4 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+        t[12 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* scores[r][0..s) = scale * q_r . k_j, keys transposed 16 at a time (in registers) into a small buffer so
+   that every query row takes 16 scores per fused multiply-add. */
 static void scores_of(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
     float kt[128 * KEYS] __attribute__((aligned(64)));
     const __m512 sc = _mm512_set1_ps(scale);
     for (int s0 = 0; s0 < s; s0 += KEYS) {
         int n = s - s0 < KEYS ? s - s0 : KEYS;
-        for (int i = 0; i < n; i++) {
-            const float *key = k + (size_t)(s0 + i) * d;
-            for (int j = 0; j < d; j++) kt[j * KEYS + i] = key[j];
+        const float *block = k + (size_t)s0 * d;
+        for (int c = 0; c < d; c += 16) {
+            __m512 tile[16];
+            for (int i = 0; i < 16; i++) tile[i] = i < n ? _mm512_loadu_ps(block + (size_t)i * d + c) : _mm512_setzero_ps();
+            transpose16(tile);
+            for (int j = 0; j < 16; j++) _mm512_store_ps(kt + (c + j) * KEYS, tile[j]);
         }
-        for (int i = n; i < KEYS; i++)
-            for (int j = 0; j < d; j++) kt[j * KEYS + i] = 0.0f;
         for (int r = 0; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
             __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
@@ -45,7 +73,8 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
                 a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j]), _mm512_load_ps(kt + j * KEYS), a0);
                 a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j + 1]), _mm512_load_ps(kt + (j + 1) * KEYS), a1);
             }
-            _mm512_storeu_ps(scores + (size_t)r * s_pad + s0, _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+            _mm512_mask_storeu_ps(scores + (size_t)r * s_pad + s0, (__mmask16)((1u << n) - 1u),
+                                  _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
         }
     }
 }
@@ -130,7 +159,7 @@ int attend_rows(const float *q, const float *k, const float *v, long head_stride
     for (int h = 0; h < hkv; h++) {
         const float *qh = q + (size_t)h * rows * d;
         const float *kh = k + (size_t)h * head_stride, *vh = v + (size_t)h * head_stride;
-        if (rows <= DIRECT_MAX_ROWS) scores_direct(qh, kh, scores, rows, s, s_pad, d, scale);
+        if (t == 1) scores_direct(qh, kh, scores, rows, s, s_pad, d, scale);  /* one token: no transposition to share */
         else scores_of(qh, kh, scores, rows, s, s_pad, d, scale);
         if (block_mask)
             for (int r = 0; r < rows; r++) {
