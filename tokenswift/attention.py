@@ -29,8 +29,10 @@ _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 # (one thread, 6 query heads, 2 KV heads, d 64; microseconds per layer, PyTorch / native):
 #   1K keys: 1 token 149 / 70, 4 tokens 228 / 164, 16 tokens 565 / 406;
 #   16K keys: 1 token 2,625 / 1,481, 4 tokens 3,420 / 3,101, 8 tokens 4,202 / 5,362 (PyTorch's flash kernel wins).
+# With keys transposed in registers for several tokens: 4K keys, 4 / 8 / 16 tokens 450 / 358, 667 / 553,
+# 1,106 / 1,051; 16K keys, 4 / 8 tokens 1,552 / 1,583, 2,184 / 2,851 (PyTorch's split form still wins there).
 NATIVE_ROWS = 12  # stacked rows (group size x new tokens) up to which the native kernel serves at any length
-NATIVE_SHORT_KEYS = 2048  # ... and up to NATIVE_SHORT_ROWS rows over at most this many keys
+NATIVE_SHORT_KEYS = 4096  # ... and up to NATIVE_SHORT_ROWS rows over at most this many keys
 NATIVE_SHORT_ROWS = 48
 
 

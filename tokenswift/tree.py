@@ -175,9 +175,9 @@ def build_head_paths(
 def ancestor_mask(parents: list[int]) -> torch.Tensor:
     """(N, N) bool: entry [i, j] is True when node j is node i or one of its ancestors."""
     n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
+    rows: list[list[bool]] = []
     for i, parent in enumerate(parents):  # parents always precede their children
-        if parent >= 0:
-            mask[i] = mask[parent]
-        mask[i, i] = True
-    return mask
+        row = rows[parent].copy() if parent >= 0 else [False] * n
+        row[i] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).reshape(n, n)  # one tensor op instead of two per node

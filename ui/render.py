@@ -160,8 +160,8 @@ def _tree_line(trace: RunTrace) -> str:
     nodes = f"{speed.mean_nodes(ts):.1f} drafted nodes verified per iteration on average"
     if not ts.plan:
         return f"**Tree {tree}**: {nodes}."
-    return (f"**Tree auto**: {nodes}. Each iteration it verifies the candidates (suffix matches, fused heads, "
-            "4-grams) with the best measured acceptance, as many as maximise expected tokens per unit of measured "
+    return (f"**Tree auto**: {nodes}. Each iteration it verifies the candidates (suffix matches, the model's "
+            "datastore of continuations, fused heads, 4-grams) with the best measured acceptance, as many as maximise expected tokens per unit of measured "
             f"cost (cost in one-token steps of this machine). Latest plan: *{ts.plan}*.")
 
 
@@ -267,7 +267,7 @@ def _kv_caption(m: MethodTrace) -> str:
 
 TABLE_NOTE = ("Table: *proposer score* is what ranked a node when the tree was built — a head's softmax at "
               "temperature 1 without truncation, or a reused n-gram's share of the table's counts (1 for a suffix "
-              "match); *target p* is the target's probability of the node's token at its parent after the whole "
+              "match; for a datastore continuation, its share of what followed that context in the datastore); *target p* is the target's probability of the node's token at its parent after the whole "
               "sampling chain (penalty, temperature, top-p, min-p). They are not on the same scale.")
 
 
