@@ -82,3 +82,18 @@ def test_the_default_model_ships_its_datastore():
     order, found = gen.datastore.lookup(gen.encode("I do not know what"))
     assert order >= 2 and found
     assert ts.Generator.from_pretrained(ROOT / "assets" / "default-model", datastore=False).datastore is None
+
+
+def test_draft_hits_bench_reports_rates(tmp_path):
+    from tokenswift.bench import draft_hits
+
+    line = ("She could not help thinking that Mr. Knightley was very much in the right, and that her father would "
+            "be quite as well pleased to see them all again at Hartfield as he had ever been.\n")
+    text = tmp_path / "prompt.txt"
+    text.write_text(line * 40)  # the last 5% of lines (two) is the held-out prompt
+    out = draft_hits(str(ROOT / "assets" / "default-model"), str(text), 64, 60)
+    assert set(out["top1_hit_rate"]) == {"greedy", "greedy+penalty", "paper"}
+    for rates in out["top1_hit_rate"].values():
+        assert 0.0 <= rates["datastore_where_suffix_missed"] <= rates["datastore"] <= 1.0
+        assert 0.0 <= rates["suffix"] <= 1.0
+    assert out["top1_hit_rate"]["greedy"]["datastore"] > 0.05  # the model's own formulaic continuations

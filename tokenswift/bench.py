@@ -19,6 +19,11 @@
         Tokens per iteration that suffix-match drafts alone could give, were every verified row free:
         drafts of up to 1..16 tokens replayed over our own greedy output (an upper bound for that source).
 
+    python -m tokenswift.bench draft-hits [--context 1024] [--tokens 1000]
+        How often the suffix match's and the datastore's first guess is the next token along our own AR
+        continuation (greedy, greedy + penalty 1.2, the paper's sampling; seed 0), and how often the
+        datastore is right where the suffix match is not.
+
     python -m tokenswift.bench speed [--contexts 1024 16000] [--tokens 1000] [--repeats 3] [--auto-tree auto]
         Our AR, TokenSwift (auto tree, paper tree) and HF generate (bf16, fp32, prompt lookup) on held-out corpus
         prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
@@ -184,6 +189,45 @@ def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty:
             "tokens_per_iteration_by_draft_length": rows}
 
 
+HIT_SAMPLING = {"greedy": dict(), "greedy+penalty": dict(penalty=1.2),
+                "paper": dict(temperature=1.0, min_p=0.1, penalty=1.2)}
+
+
+def draft_hits(model: str, text_path: str, context: int, tokens: int) -> dict:
+    """How often each cheap drafter's first guess is the next token, along our own AR continuation of a
+    held-out prompt (seed 0): the suffix match, the model's datastore, and the datastore where the suffix
+    match missed (what it adds)."""
+    from .generator import Generator
+    from .settings import Settings
+    from .suffix import SuffixIndex
+    from .train.corpus import split_text
+
+    gen = Generator.from_pretrained(model)
+    if gen.datastore is None:
+        raise SystemExit(f"{model} has no datastore.safetensors")
+    with open(text_path, encoding="utf-8") as f:
+        ids = gen.encode(split_text(f.read())[1])[:context]
+    rows = {}
+    for name, sampling in HIT_SAMPLING.items():
+        out = gen.generate(ids, Settings(**sampling), tokens, method=Method.AR, seed=0).token_ids
+        index = SuffixIndex()
+        index.extend(ids)
+        suffix = store = store_only = 0
+        for i, token in enumerate(out):
+            seen = ids + out[:i]
+            guess = index.lookup(1)[1]
+            suffix_hit = bool(guess) and guess[0] == token
+            found = gen.datastore.lookup(seen[-4:])[1]
+            store_hit = bool(found) and found[0][0] == token
+            suffix, store, store_only = suffix + suffix_hit, store + store_hit, store_only + (store_hit and not suffix_hit)
+            index.extend([token])
+        n = len(out)
+        rows[name] = {"suffix": round(suffix / n, 3), "datastore": round(store / n, 3),
+                      "datastore_where_suffix_missed": round(store_only / n, 3)}
+    return {"benchmark": "draft-hits", "model": model, "context": len(ids), "new_tokens": tokens,
+            "top1_hit_rate": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenswift.bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--context", type=int, default=1024)
     b.add_argument("--tokens", type=int, default=1000)
     b.add_argument("--penalty", type=float, default=1.0)
+    h = sub.add_parser("draft-hits", help="how often the suffix match and the datastore guess the next token")
+    h.add_argument("--model", default="assets/default-model")
+    h.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
+    h.add_argument("--context", type=int, default=1024)
+    h.add_argument("--tokens", type=int, default=1000)
     from . import bench_speed
 
     bench_speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
@@ -219,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(memory(args.model, args.method, args.tokens, args.every)))
     elif args.command == "suffix-bound":
         print(json.dumps(suffix_bound(args.model, args.text, args.context, args.tokens, args.penalty)))
+    elif args.command == "draft-hits":
+        print(json.dumps(draft_hits(args.model, args.text, args.context, args.tokens)))
     elif args.command == "context":
         print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))
     return 0
