@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from .kinds import Method
+from .kinds import Method, Source
 
 
 def random_llama(seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -222,7 +222,7 @@ def draft_hits(model: str, text_path: str, context: int, tokens: int) -> dict:
             suffix, store, store_only = suffix + suffix_hit, store + store_hit, store_only + (store_hit and not suffix_hit)
             index.extend([token])
         n = len(out)
-        rows[name] = {"suffix": round(suffix / n, 3), "datastore": round(store / n, 3),
+        rows[name] = {Source.SUFFIX: round(suffix / n, 3), Source.DATASTORE: round(store / n, 3),
                       "datastore_where_suffix_missed": round(store_only / n, 3)}
     return {"benchmark": "draft-hits", "model": model, "context": len(ids), "new_tokens": tokens,
             "top1_hit_rate": rows}

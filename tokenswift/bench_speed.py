@@ -515,7 +515,7 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
         "cpu": cpu_model(), "cpus_online": os.cpu_count(),
         "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
         "engine_compute": _engine_compute(gen),
-        "datastore": f"{len(gen.datastore):,} contexts" if gen.datastore is not None else "none",
+        "datastore_contexts": len(gen.datastore) if gen.datastore is not None else 0,
         "prompts": {str(k): {"tokens": len(v["ids"]), "source": v["source"]} for k, v in prompts.items()},
         "rows": {row: ROWS[row].to_dict() for row in args_like.get("rows", ROWS)},
         "hf_kwargs": {row: hf_kwargs(row) for row in args_like.get("rows", ROWS)},
@@ -554,7 +554,7 @@ def print_conditions(c: dict) -> None:
     for k, v in c["prompts"].items():
         print(f"prompt {int(k):,} tokens: {v['source']}")
     print(f"new tokens: {c['new_tokens']}, repeats: {c['repeats']} (method order rotated per repeat), seed {c['seed']}")
-    print(f"tokenswift-auto tree: {c['auto_tree']!r} (datastore of continuations: {c.get('datastore', 'none')}); "
+    print(f"tokenswift-auto tree: {c['auto_tree']!r} (datastore of continuations: {c.get('datastore_contexts', 0):,} contexts); "
           f"tokenswift-paper: {PAPER_TREE}")
     print(f"rows: {', '.join(c['rows'])}; note: {PENALTY_NOTE}")
 
