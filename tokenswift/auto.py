@@ -115,7 +115,7 @@ class CostModel:
 
     def observe(self, q: int, verify_s: float, other_s: float, rate: float = 0.1) -> None:
         """One iteration's measured verification time for q rows and its other time (drafting, bookkeeping)."""
-        if not self.probed_context and (q == 1 or not self.rows):  # the prior follows the plain steps
+        if q == 1 or not self.rows:  # before the first probe the prior follows the plain steps (seed)
             self.seed(verify_s)
         predicted = self.cost(q)
         if self.probed_context and predicted > 0:

@@ -214,10 +214,9 @@ def draft_hits(model: str, text_path: str, context: int, tokens: int) -> dict:
         index.extend(ids)
         suffix = store = store_only = 0
         for i, token in enumerate(out):
-            seen = ids + out[:i]
             guess = index.lookup(1)[1]
             suffix_hit = bool(guess) and guess[0] == token
-            found = gen.datastore.lookup(seen[-4:])[1]
+            found = gen.datastore.lookup(index.tokens)[1]  # the index holds the text so far
             store_hit = bool(found) and found[0][0] == token
             suffix, store, store_only = suffix + suffix_hit, store + store_hit, store_only + (store_hit and not suffix_hit)
             index.extend([token])

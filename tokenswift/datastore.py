@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 ORDERS = (4, 3, 2)  # context lengths, longest first (the lookup's back-off order)
 TOP = 2  # continuations kept per context
@@ -108,11 +109,9 @@ class Datastore:
         path = Path(path)
         if path.is_dir():
             path = path / FILENAME
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="pt") as f:  # one read: the metadata and every tensor
             vocab = int((f.metadata() or {}).get("vocab_size", 0))
-        tensors = load_file(str(path))
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
         tables = {}
         for n in ORDERS:
             if f"order{n}.contexts" not in tensors:

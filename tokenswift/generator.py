@@ -528,7 +528,7 @@ class _Run:
                 add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [prior] * len(cont))
         if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
             context = self.ids[-DATASTORE_CONTEXT:]  # runner-up continuation at depth 1
-            chain, shares, kinds, priors = [], [], [], []
+            chain, shares, kinds = [], [], []
             for depth in range(1, DATASTORE_DRAFT + 1):
                 order, found = self.datastore.lookup(context)
                 if not found:
@@ -541,10 +541,9 @@ class _Run:
                 chain.append(token)
                 shares.append(share)
                 kinds.append((Source.DATASTORE, order, _prob_bucket(share), min(depth, 3)))
-                priors.append(min(PRIOR_CAP, share * self.prior_scale))
                 context = context[1:] + [token]
             if chain:
-                add(chain, Source.NGRAM, shares, kinds, priors)
+                add(chain, Source.NGRAM, shares, kinds, [min(PRIOR_CAP, share * self.prior_scale) for share in shares])
         consult_heads = bool(self.paths) and self.fused_hidden is not None and self.iteration >= self.head_next
         if consult_heads:
             cands, cprobs = self.head_candidates()
