@@ -66,15 +66,39 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
             transpose16(tile);
             for (int j = 0; j < 16; j++) _mm512_store_ps(kt + (c + j) * KEYS, tile[j]);
         }
-        for (int r = 0; r < rows; r++) {
+        const __mmask16 keep = (__mmask16)((1u << n) - 1u);
+        int r = 0;
+        /* four rows at a time: each transposed key vector is loaded once for four rows, and the eight
+           accumulator chains keep both FMA ports busy (per row the sums are the same as one row alone) */
+        for (; r + 4 <= rows; r += 4) {
+            const float *q0 = q + (size_t)r * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+            __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+            for (int j = 0; j < d; j += 2) {
+                __m512 k0 = _mm512_load_ps(kt + j * KEYS), k1 = _mm512_load_ps(kt + (j + 1) * KEYS);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[j]), k0, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[j + 1]), k1, a1);
+                b0 = _mm512_fmadd_ps(_mm512_set1_ps(q1[j]), k0, b0);
+                b1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[j + 1]), k1, b1);
+                c0 = _mm512_fmadd_ps(_mm512_set1_ps(q2[j]), k0, c0);
+                c1 = _mm512_fmadd_ps(_mm512_set1_ps(q2[j + 1]), k1, c1);
+                e0 = _mm512_fmadd_ps(_mm512_set1_ps(q3[j]), k0, e0);
+                e1 = _mm512_fmadd_ps(_mm512_set1_ps(q3[j + 1]), k1, e1);
+            }
+            float *out = scores + (size_t)r * s_pad + s0;
+            _mm512_mask_storeu_ps(out, keep, _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+            _mm512_mask_storeu_ps(out + s_pad, keep, _mm512_mul_ps(_mm512_add_ps(b0, b1), sc));
+            _mm512_mask_storeu_ps(out + 2 * (size_t)s_pad, keep, _mm512_mul_ps(_mm512_add_ps(c0, c1), sc));
+            _mm512_mask_storeu_ps(out + 3 * (size_t)s_pad, keep, _mm512_mul_ps(_mm512_add_ps(e0, e1), sc));
+        }
+        for (; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
             __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
             for (int j = 0; j < d; j += 2) {
                 a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j]), _mm512_load_ps(kt + j * KEYS), a0);
                 a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j + 1]), _mm512_load_ps(kt + (j + 1) * KEYS), a1);
             }
-            _mm512_mask_storeu_ps(scores + (size_t)r * s_pad + s0, (__mmask16)((1u << n) - 1u),
-                                  _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+            _mm512_mask_storeu_ps(scores + (size_t)r * s_pad + s0, keep, _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
         }
     }
 }
