@@ -33,7 +33,8 @@ _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 # With keys transposed in registers for several tokens: 4K keys, 4 / 8 / 16 tokens 450 / 358, 667 / 553,
 # 1,106 / 1,051; 16K keys, 4 / 8 tokens 1,552 / 1,583, 2,184 / 2,851 (PyTorch's split form still wins there).
 NATIVE_ROWS = 12  # stacked rows (group size x new tokens) up to which the native kernel serves at any length
-NATIVE_SHORT_KEYS = 4096  # ... and up to NATIVE_SHORT_ROWS rows over at most this many keys
+NATIVE_SHORT_KEYS = 8192  # ... and up to NATIVE_SHORT_ROWS rows over at most this many keys (8K keys, 8 / 12 tokens:
+#                           1,203 / 1,572 us native, 1,206 / 1,920 split; 16K keys, 6 tokens: 2,002 native, 1,917 split)
 NATIVE_SHORT_ROWS = 48
 
 
