@@ -60,6 +60,10 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
     for (int s0 = 0; s0 < s; s0 += KEYS) {
         int n = s - s0 < KEYS ? s - s0 : KEYS;
         const float *block = k + (size_t)s0 * d;
+        if (s0 + 2 * KEYS < s) {  /* the block after next, ahead of the stream (the cache comes from memory) */
+            const char *ahead = (const char *)(block + (size_t)2 * KEYS * d);
+            for (int line = 0; line < KEYS * d * 4; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        }
         for (int c = 0; c < d; c += 16) {
             __m512 tile[16];
             for (int i = 0; i < 16; i++) tile[i] = i < n ? _mm512_loadu_ps(block + (size_t)i * d + c) : _mm512_setzero_ps();
@@ -157,6 +161,8 @@ static void NAME(const float *p, const float *v, float *out, int rows, int s, in
         for (int a = 0; a < G; a++) for (int b = 0; b < D16; b++) acc[a][b] = _mm512_setzero_ps(); \
         for (int j = 0; j < s; j++) {                                                           \
             const float *vj = v + (size_t)j * D16 * 16;                                         \
+            if (r0 == 0) /* the first group reads the values from memory: 8 keys ahead */           \
+                for (int b = 0; b < D16; b += 4) _mm_prefetch((const char *)(vj + 8 * D16 * 16 + b * 16), _MM_HINT_T0); \
             __m512 vv[D16];                                                                     \
             for (int b = 0; b < D16; b++) vv[b] = _mm512_loadu_ps(vj + b * 16);                  \
             for (int a = 0; a < G; a++) {                                                       \
