@@ -66,3 +66,12 @@ def test_greedy_tokenswift_equals_ar_on_the_default_model(gen, reference, draft)
     gap = float(top2[0] - top2[1])
     assert gap < BF16_TIE, f"diverged at new token {diverged} with a float32 top-2 gap of {gap:.3f} (not a tie)"
     print(f"\n[default model, {draft}] identical for {diverged} tokens, then a near-tie (gap {gap:.3f})")
+
+
+def test_warm_up_runs_and_changes_no_output(gen):
+    """The engine warms every model it loads (Generator.warm_up); a run afterwards is the same run."""
+    settings = ts.Settings(tree="auto", temperature=1.0, min_p=0.1, penalty=1.2)
+    before = gen.generate(TEXT, settings, 24, seed=3).token_ids
+    assert gen.warm_up() > 0
+    assert gen.generate(TEXT, settings, 24, seed=3).token_ids == before
+    assert gen.generate(TEXT, settings, 24, method="ar", seed=3).token_ids == before

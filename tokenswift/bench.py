@@ -24,6 +24,10 @@
         continuation (greedy, greedy + penalty 1.2, the paper's sampling; seed 0), and how often the
         datastore is right where the suffix match is not.
 
+    python -m tokenswift.bench rows [--context 1024] [--rows 1 2 4 9 12] [--repeats 60]
+        One lean forward (and the logits) of each number of new tokens over a held-out prompt's cache, split into
+        attention, weight matrices, logits and the rest: what a verified row costs. See tokenswift/bench_rows.py.
+
     python -m tokenswift.bench speed [--contexts 1024 16000] [--tokens 1000] [--repeats 3] [--auto-tree auto]
         Our AR, TokenSwift (auto tree, paper tree) and HF generate (bf16, fp32, prompt lookup) on held-out corpus
         prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
@@ -255,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
     h.add_argument("--context", type=int, default=1024)
     h.add_argument("--tokens", type=int, default=1000)
+    r = sub.add_parser("rows", help="one forward of 1, 2, ... new tokens, split into attention, matrices and the rest")
+    r.add_argument("--model", default="assets/default-model")
+    r.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
+    r.add_argument("--context", type=int, default=1024)
+    r.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 9, 12])
+    r.add_argument("--repeats", type=int, default=60)
     from . import bench_speed
 
     bench_speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
@@ -269,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(suffix_bound(args.model, args.text, args.context, args.tokens, args.penalty)))
     elif args.command == "draft-hits":
         print(json.dumps(draft_hits(args.model, args.text, args.context, args.tokens)))
+    elif args.command == "rows":
+        from .bench_rows import rows
+
+        torch.set_num_threads(1)  # as the app's engine and the speed benchmark run
+        print(json.dumps(rows(args.model, args.text, args.context, args.rows, args.repeats)))
     elif args.command == "context":
         print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))
     return 0

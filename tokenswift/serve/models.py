@@ -98,11 +98,18 @@ class ModelCache:
         return list(self.models)
 
     def get(self, name: str):
-        from tokenswift import Generator
-
         from .torch_thread import TORCH
 
         with self._lock:
             if name not in self._loaded:
-                self._loaded[name] = TORCH.call(Generator.from_pretrained, _check_name(self.models, name))
+                self._loaded[name] = TORCH.call(_load_warm, _check_name(self.models, name))
             return self._loaded[name]
+
+
+def _load_warm(path: str):
+    """Load a generator and warm it up (Generator.warm_up), so that the first Run's speed is its steady speed."""
+    from tokenswift import Generator
+
+    gen = Generator.from_pretrained(path)
+    gen.warm_up()
+    return gen

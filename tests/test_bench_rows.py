@@ -1,0 +1,32 @@
+"""`python -m tokenswift.bench rows`: the forward split into parts, on the shipped default model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tokenswift import bench, lean
+from tokenswift.bench_rows import rows
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "assets" / "default-model"
+TEXT = ROOT.parent / "shared" / "corpus" / "emma.txt"
+
+
+@pytest.mark.skipif(not TEXT.exists(), reason=f"no corpus text at {TEXT}")
+def test_rows_splits_each_forward_into_parts_and_restores_the_step(capsys):
+    attend, matrix_call = lean.attend, lean.Matrix.__call__
+    result = rows(str(MODEL), str(TEXT), context=48, row_counts=[1, 3], repeats=2)
+    assert result["context"] == 48
+    table = result["milliseconds"]
+    assert set(table) == {"1", "3"}
+    for part in table.values():
+        assert part["total"] > 0 and part["attention"] > 0 and part["matrices"] > 0 and part["logits"] > 0
+        assert part["rest"] >= 0  # the timed parts run inside the forward
+        assert part["attention"] + part["matrices"] + part["rest"] + part["logits"] <= part["total"] * 1.01
+    assert table["1"]["relative_to_first"] == 1.0
+    assert lean.attend is attend and lean.Matrix.__call__ is matrix_call  # the timers are gone afterwards
+
+    assert bench.main(["rows", "--model", str(MODEL), "--text", str(TEXT), "--context", "32", "--rows", "1", "2",
+                       "--repeats", "1"]) == 0
+    assert '"benchmark": "rows"' in capsys.readouterr().out
