@@ -10,13 +10,20 @@ from tokenswift.bench_rows import rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "assets" / "default-model"
-TEXT = ROOT.parent / "shared" / "corpus" / "emma.txt"
+LINE = "It was a fine morning, and Emma walked to Hartfield with her father and Mr. Knightley."
 
 
-@pytest.mark.skipif(not TEXT.exists(), reason=f"no corpus text at {TEXT}")
-def test_rows_splits_each_forward_into_parts_and_restores_the_step(capsys):
+@pytest.fixture
+def text(tmp_path):
+    """A plain-text file whose held-out part (its last 5% of lines) has more than 48 tokens."""
+    path = tmp_path / "text.txt"
+    path.write_text("\n".join(f"{LINE} ({i})" for i in range(200)), encoding="utf-8")
+    return path
+
+
+def test_rows_splits_each_forward_into_parts_and_restores_the_step(text, capsys):
     attend, matrix_call = lean.attend, lean.Matrix.__call__
-    result = rows(str(MODEL), str(TEXT), context=48, row_counts=[1, 3], repeats=2)
+    result = rows(str(MODEL), str(text), context=48, row_counts=[1, 3], repeats=2)
     assert result["context"] == 48
     table = result["milliseconds"]
     assert set(table) == {"1", "3"}
@@ -27,6 +34,6 @@ def test_rows_splits_each_forward_into_parts_and_restores_the_step(capsys):
     assert table["1"]["relative_to_first"] == 1.0
     assert lean.attend is attend and lean.Matrix.__call__ is matrix_call  # the timers are gone afterwards
 
-    assert bench.main(["rows", "--model", str(MODEL), "--text", str(TEXT), "--context", "32", "--rows", "1", "2",
+    assert bench.main(["rows", "--model", str(MODEL), "--text", str(text), "--context", "32", "--rows", "1", "2",
                        "--repeats", "1"]) == 0
     assert '"benchmark": "rows"' in capsys.readouterr().out
