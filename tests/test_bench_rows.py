@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tokenswift import bench, lean
 from tokenswift.bench_rows import rows
@@ -23,6 +24,7 @@ def text(tmp_path):
 
 def test_rows_splits_each_forward_into_parts_and_restores_the_step(text, capsys):
     attend, matrix_call = lean.attend, lean.Matrix.__call__
+    threads = torch.get_num_threads()
     result = rows(str(MODEL), str(text), context=48, row_counts=[1, 3], repeats=2)
     assert result["context"] == 48
     table = result["milliseconds"]
@@ -37,3 +39,4 @@ def test_rows_splits_each_forward_into_parts_and_restores_the_step(text, capsys)
     assert bench.main(["rows", "--model", str(MODEL), "--text", str(text), "--context", "32", "--rows", "1", "2",
                        "--repeats", "1"]) == 0
     assert '"benchmark": "rows"' in capsys.readouterr().out
+    assert torch.get_num_threads() == threads  # the benchmark's one thread is not left to the caller

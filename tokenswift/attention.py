@@ -27,8 +27,8 @@ SPLIT_ANY_ROWS_PREFIX = 6144  # from this prefix the split form pays even for on
 _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 # The native few-row kernel (tokenswift/native/attend_rows.c), where it is available and measured faster here
 # (one thread, 6 query heads, 2 KV heads, d 64; microseconds per layer, PyTorch / native):
-#   1K keys: 1 token 149 / 70, 4 tokens 228 / 164, 16 tokens 565 / 406 (1,100 keys, scores four rows at a time: 4 / 9 / 16
-#   tokens 68 -> 60, 146 -> 126, 224 -> 188, bitwise the same);
+#   1K keys: 1 token 149 / 70, 4 tokens 228 / 164, 16 tokens 565 / 406 (scoring four rows at a time since, over
+#   1,100 keys: 4 / 9 / 16 tokens 68 -> 60, 146 -> 126, 224 -> 188 native, bitwise the same);
 #   16K keys: 1 token 2,625 / 1,481, 4 tokens 3,420 / 3,101, 8 tokens 4,202 / 5,362 (PyTorch's flash kernel wins).
 # With keys transposed in registers for several tokens: 4K keys, 4 / 8 / 16 tokens 450 / 358, 667 / 553,
 # 1,106 / 1,051; 16K keys, 4 / 8 tokens 1,552 / 1,583, 2,184 / 2,851 (PyTorch's split form still wins there).

@@ -282,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "rows":
         from .bench_rows import rows
 
-        torch.set_num_threads(1)  # as the app's engine and the speed benchmark run
         print(json.dumps(rows(args.model, args.text, args.context, args.rows, args.repeats)))
     elif args.command == "context":
         print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))

@@ -46,9 +46,19 @@ def _timed_parts(totals: dict[str, float]):
         lean_module.attend, lean_module.Matrix.__call__ = attend, matrix_call
 
 
-def rows(model: str, text_path: str, context: int, row_counts: list[int], repeats: int) -> dict:
-    """Median milliseconds per part for each number of new tokens, and each total relative to one row."""
-    from .generator import Generator
+def rows(model: str, text_path: str, context: int, row_counts: list[int], repeats: int, threads: int = 1) -> dict:
+    """Median milliseconds per part for each number of new tokens, and each total relative to one row, on
+    `threads` torch threads (1: as the app's engine and the speed benchmark run; restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _rows(model, text_path, context, row_counts, repeats)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _rows(model: str, text_path: str, context: int, row_counts: list[int], repeats: int) -> dict:
+    from .generator import PREFILL_CHUNK, Generator
     from .kv_cache import KVCache
     from .train.corpus import split_text
 
@@ -60,8 +70,8 @@ def rows(model: str, text_path: str, context: int, row_counts: list[int], repeat
         ids = gen.encode(split_text(f.read())[1])[:context]
     n = len(ids)
     cache = KVCache(a.layer_devices, n + max(row_counts), a.num_kv_heads, a.head_dim, a.cache_dtype)
-    for start in range(0, n, 256):  # the prompt's keys and values, as a prefill leaves them
-        chunk = torch.tensor(ids[start : start + 256])
+    for start in range(0, n, PREFILL_CHUNK):  # the prompt's keys and values, as a prefill leaves them
+        chunk = torch.tensor(ids[start : start + PREFILL_CHUNK])
         t = chunk.shape[0]
         lean.forward(chunk, torch.arange(start, start + t), cache, start, torch.ones(t, t, dtype=torch.bool).tril())
     samples: dict[int, dict[str, list[float]]] = {q: defaultdict(list) for q in row_counts}
@@ -91,7 +101,7 @@ def rows(model: str, text_path: str, context: int, row_counts: list[int], repeat
     one = table[row_counts[0]]["total"]
     for q in row_counts:
         table[q]["relative_to_first"] = round(table[q]["total"] / one, 3)
-    return {"benchmark": "rows", "model": model, "context": n, "repeats": repeats,
+    return {"benchmark": "rows", "model": model, "context": n, "repeats": repeats, "threads": torch.get_num_threads(),
             "milliseconds": {str(q): table[q] for q in row_counts},
             "parts": "attention: the lean step's attend calls; matrices: its weight products (q/k/v, o, gate/up, "
                      "down); logits: final norm and LM head; rest: everything else in the forward"}

@@ -184,8 +184,9 @@ class Generator:
         """Run a few short generations (AR and TokenSwift with tree="auto", greedy and sampled) on a repetitive
         token pattern, so that what is done once per process (the native kernels' loading and self-checks, first
         calls of each code path, the allocator's first large blocks) is not paid inside the first real run: on a
-        CPU its first iterations otherwise cost up to twice a warm step, and tree="auto" judges drafting by them.
-        Returns the seconds it took (about 0.3 s for the default model on a 2-vCPU machine)."""
+        CPU its first iterations otherwise cost up to three warm steps (measured: 14-15, 10, 7-8 ms against 5-6),
+        and tree="auto" judges drafting by them. Returns the seconds it took (about 0.2 s for the default model
+        on a 2-vCPU machine)."""
         t = time.perf_counter()
         vocab = self.adapter.vocab_size
         pattern = [(7 * i + 11) % vocab for i in range(6)] * 8  # repeats: suffix drafts, multi-row verification
