@@ -12,7 +12,7 @@ import torch
 
 import tokenswift as ts
 from tokenswift.kv_cache import KVCache
-from tokenswift.native import build, decide, panels, rows_attention
+from tokenswift.native import build, decide, layers, panels, rows_attention
 from tokenswift.sampling import decide_rows, seen_rows
 
 from conftest import random_heads, tiny_config
@@ -22,6 +22,8 @@ needs_panels = pytest.mark.skipif(not panels.available(), reason=f"native panel 
 needs_decide = pytest.mark.skipif(not decide.available(), reason=f"native decide kernel: {build.why_not('decide_rows')}")
 needs_attention = pytest.mark.skipif(not rows_attention.available(),
                                      reason=f"native attention kernel: {build.why_not('attend_rows')}")
+needs_stack = pytest.mark.skipif(not (layers.available() and rows_attention.available() and panels.available()),
+                                 reason=f"native decoder stack: {build.why_not('layer_rows') or build.why_not('attend_rows')}")
 
 
 @needs_panels
@@ -120,6 +122,36 @@ def test_native_forward_matches_hf(family):
                                torch.ones(t, t, dtype=torch.bool).tril())
         rows.append(adapter.logits(h))
     assert (torch.cat(rows) - ref).abs().max().item() <= 1e-4
+
+
+@needs_stack
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "qwen2"])
+def test_native_stack_computes_what_the_pytorch_path_computes(family):
+    """The whole decoder stack in one native call (layer_rows.c) gives bitwise the hidden states and cache entries of
+    the PyTorch path (which uses the same element-wise functions), for 1 to 16 new tokens under a tree mask."""
+    model = head_dim_64_model(family)
+    lean = ts.Generator(model).adapter.lean
+    stack = lean.native_stack
+    assert stack is not None
+    adapter = ts.Generator(model).adapter
+    ids = torch.randint(0, 256, (120,), generator=torch.Generator().manual_seed(4))
+    for t in (1, 2, 5, 9, 16):
+        caches, hidden = [], []
+        for use_stack in (True, False):
+            lean.native_stack = stack if use_stack else None
+            cache = KVCache(adapter.layer_devices, 160, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
+            lean.forward(ids[:100], torch.arange(100), cache, 0, torch.ones(100, 100, dtype=torch.bool).tril())
+            parents = [-1] + [max(0, i - 2) for i in range(1, t)]  # a small tree: siblings and chains
+            mask = torch.eye(t, dtype=torch.bool)
+            for i in range(1, t):
+                mask[i] |= mask[parents[i]]
+            depths = mask.sum(1) - 1
+            h, _ = lean.forward(ids[100 : 100 + t], 100 + depths, cache, 100, mask if t > 1 else None)
+            hidden.append(h)
+            caches.append((torch.stack(cache.k)[:, :, : 100 + t], torch.stack(cache.v)[:, :, : 100 + t]))
+        lean.native_stack = stack
+        assert torch.equal(hidden[0], hidden[1]), t
+        assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1]), t
 
 
 @needs_attention

@@ -116,8 +116,9 @@ class ModelAdapter:
         Returns hidden (T, hidden) before the final norm, and per layer the rotated queries (Hq, T, d)
         when `capture_queries`."""
         if self.lean is not None:
-            return self.lean.forward(ids, positions, cache, start, block_mask, capture_queries,
-                                     lambda i, pos: self._window_mask(i, cache, start, pos))
+            windowed = any(w is not None for w in self.windows)
+            window_mask = (lambda i, pos: self._window_mask(i, cache, start, pos)) if windowed else None
+            return self.lean.forward(ids, positions, cache, start, block_mask, capture_queries, window_mask)
         t = ids.shape[0]
         h = self.inner.embed_tokens(ids.to(self.embed_device)[None])  # (1, T, H)
         pos = positions.to(h.device)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend
-from .native import panels as native_panels
+from .kv_cache import KVCache
+from .native import layers as native_layers, panels as native_panels
 
 DRAFT_VOCAB = 1024  # token ids the heads rank when drafting on a CPU (see LeanModel.draft_head)
 MAX_COPY_BYTES = 2 * 2**30  # lay out copies only for models whose copies fit in this (else: module path)
@@ -158,6 +159,11 @@ class LeanModel:
         params = getattr(model.config, "rope_parameters", None) or {}
         self.static_rope = params.get("rope_type", "default") in ROPE_STATIC_TYPES
         self._cos = self._sin = None  # (n, d) tables, grown on demand
+        # The decoder stack for a few new tokens in one native call (tokenswift/native/layer_rows.c), where the
+        # library serves this model; where the library is available the PyTorch path below uses its norms and
+        # SiLU too, so a row is computed the same way by either path.
+        self.native_stack = native_layers.NativeStack.build(self)
+        self.native_elementwise = device.type == "cpu" and self.compute_dtype == torch.float32 and native_layers.available()
 
     def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
         dtype = self.compute_dtype
@@ -196,11 +202,18 @@ class LeanModel:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.embed[ids].to(self.compute_dtype)  # (T, H)
         cos, sin = self.rope(pos)  # (T, 1, d)
+        stack = self.native_stack
+        if (stack is not None and not capture_queries and window_mask is None and type(cache) is KVCache
+                and stack.serves(t, start + t)):
+            # h is a fresh tensor (indexing copies): the stack updates it in place
+            if stack.run(h, cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous(), cache, start, block_mask):
+                return h, []
+            h = self.embed[ids].to(self.compute_dtype)  # declined: the PyTorch path from the start
         half = d // 2
         nqk = (hq + hkv) * d
         queries: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, (h.shape[-1],), layer.in_norm, self.eps)
+            x = self.norm_rows(h, layer.in_norm)
             qkv = layer.qkv(x)  # (T, (Hq + 2 Hkv) d)
             qk = qkv[:, :nqk].view(t, hq + hkv, d)
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
@@ -213,17 +226,29 @@ class LeanModel:
             extra = window_mask(i, pos) if window_mask is not None else None
             o = attend(q.to(keys.dtype), keys, values, self.scaling, block_mask, extra)  # (Hq, T, d)
             h = h + layer.o(o.transpose(0, 1).reshape(t, hq * d).to(h.dtype))
-            x = F.rms_norm(h, (h.shape[-1],), layer.post_norm, self.eps)
-            gate, up = layer.gate_up(x).split(self.intermediate, dim=-1)
-            h = h + layer.down(layer.act(gate) * up)
+            x = self.norm_rows(h, layer.post_norm)
+            gate_up = layer.gate_up(x)
+            act = native_layers.silu_mul(gate_up) if self.native_elementwise and native_layers.is_silu(layer.act) else None
+            if act is None:
+                gate, up = gate_up.split(self.intermediate, dim=-1)
+                act = layer.act(gate) * up
+            h = h + layer.down(act)
             if capture_queries:
                 queries.append(q)
         return h, queries
 
+    def norm_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMS norm of each row (the native function where the library is available, see __init__)."""
+        if self.native_elementwise:
+            y = native_layers.rms_norm(x, weight, self.eps)
+            if y is not None:
+                return y
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, H) before the final norm -> logits (T, V) float32."""
-        return self.head(F.rms_norm(hidden.to(self.compute_dtype), (hidden.shape[-1],), self.norm, self.eps)).float()
+        return self.head(self.norm_rows(hidden.to(self.compute_dtype), self.norm)).float()
 
 
 class LeanHeads:

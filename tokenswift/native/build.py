@@ -12,6 +12,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,7 +21,9 @@ from typing import Callable
 
 DISABLE_ENV = "TOKENSWIFT_NATIVE"  # "0": never build or load native kernels
 CACHE_ENV = "TOKENSWIFT_CACHE"
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+# -ffp-contract=off: a product and a sum are rounded where the C says, never fused behind its back, so that a
+# kernel compiled into two libraries (layer_rows.c includes panel_mm.c and attend_rows.c) computes the same.
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC")
 HERE = Path(__file__).resolve().parent
 
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -98,6 +101,12 @@ def why_not(name: str) -> str:
     return _reasons.get(name, "")
 
 
+def _included_sources(source: Path) -> list[str]:
+    """The C files of this folder that `source` includes (`#include "x.c"`): part of its library's identity."""
+    found = re.findall(r'^#include "([\w.]+\.c)"', source.read_text(), flags=re.MULTILINE)
+    return sorted(set(found))
+
+
 def _build_and_load(name: str) -> ctypes.CDLL | None:
     source = HERE / f"{name}.c"
     compiler = _compiler()
@@ -105,6 +114,7 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
         _reasons[name] = "no C compiler found (CC, cc, gcc or clang)"
         return None
     headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))  # shared by the sources
+    headers += b"".join((HERE / inc).read_bytes() for inc in _included_sources(source))
     key = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode() + _cpu_identity().encode()
                          + compiler.encode()).hexdigest()[:16]
     target = _cache_dir() / f"{name}-{key}.so"

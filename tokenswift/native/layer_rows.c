@@ -1,0 +1,130 @@
+/* The whole decoder stack of a Llama-family model for a few new tokens, in one native call.
+
+   Why: on a CPU the lean step's arithmetic for one token is a few milliseconds of weight streaming
+   (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
+   (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
+   2-vCPU Xeon, about a quarter of an AR step. Here those parts are plain loops over a few rows, and the
+   products call the same kernels as the PyTorch path, so the step computes the same function.
+
+   The element-wise parts are exported too (rms_norm_rows, silu_mul_rows): the PyTorch path calls them
+   for every forward this function does not serve (prefill chunks, big trees), so a row's arithmetic is
+   the same whichever path ran it. Every part works row by row: a row's result does not depend on how
+   many rows are computed with it. Built with -ffp-contract=off (see build.py): every product and sum
+   is rounded where the C says, as in PyTorch's element-wise ops. */
+#include "panel_mm.c"
+#include "attend_rows.c"
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for t rows of n floats (n a multiple of 16). */
+void rms_norm_rows(const float *x, const float *w, float *y, int t, int n, float eps) {
+    for (int r = 0; r < t; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *yr = y + (size_t)r * n;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < n; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+        __m512 s = _mm512_set1_ps(inv);
+        for (int i = 0; i < n; i += 16)
+            _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
+    }
+}
+
+/* silu(x) = x * sigmoid(x), from exp of a non-positive argument only: x / (1 + e^-x) for x >= 0,
+   x e^x / (1 + e^x) below. */
+static inline __m512 silu16(__m512 x) {
+    __m512 neg_abs = _mm512_min_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), x));
+    __m512 e = exp_nonpositive(neg_abs);
+    __m512 denom = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
+    __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    __m512 num = _mm512_mask_mul_ps(x, negative, x, e);
+    return _mm512_div_ps(num, denom);
+}
+
+/* y[r][i] = silu(gu[r][i]) * gu[r][inter + i]: gate and up side by side in each row of 2 * inter floats. */
+void silu_mul_rows(const float *gu, float *y, int t, int inter) {
+    for (int r = 0; r < t; r++) {
+        const float *gate = gu + (size_t)r * 2 * inter, *up = gate + inter;
+        float *yr = y + (size_t)r * inter;
+        for (int i = 0; i < inter; i += 16)
+            _mm512_storeu_ps(yr + i, _mm512_mul_ps(silu16(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+    }
+}
+
+/* One head vector (d floats) rotated in place: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1). */
+static inline void rotate(float *x, const float *cos, const float *sin, int d) {
+    int half = d / 2;
+    float tmp[128] __attribute__((aligned(64)));
+    for (int i = 0; i < half; i++) tmp[i] = -x[half + i];
+    for (int i = 0; i < half; i++) tmp[half + i] = x[i];
+    for (int i = 0; i < d; i++) {
+        float a = x[i] * cos[i];
+        float b = tmp[i] * sin[i];
+        x[i] = a + b;
+    }
+}
+
+/* The weights of one decoder layer, as the lean step lays them out (panel_mm.c's panels). */
+typedef struct {
+    const float *in_norm, *post_norm;  /* (hidden,) */
+    const float *qkv, *o, *gate_up, *down;  /* panels of (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
+    const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
+} layer_weights;
+
+/* h: (t, hidden) residual stream, updated in place through every layer. cos, sin: (t, d) rotary tables of
+   the new tokens' positions. k_cache[l], v_cache[l]: layer l's (hkv, capacity, d) buffers, head_stride =
+   capacity * d; the new tokens' keys and values go to slots start .. start + t - 1 and attention covers
+   slots 0 .. start + t - 1. block_mask: (t, t) visibility among the new tokens (NULL: all visible).
+   scratch: at least layer_rows_scratch(...) floats. Returns 0, or the attention kernel's error code. */
+int layer_rows(float *h, int t, int layers, const layer_weights *weights, const float *cos, const float *sin,
+               float *const *k_cache, float *const *v_cache, long head_stride, int start,
+               const unsigned char *block_mask, int hidden, int hq, int hkv, int d, int inter, float eps,
+               float scale, float *scratch) {
+    int g = hq / hkv, nqkv = (hq + 2 * hkv) * d;
+    float *x = scratch;                           /* (t, hidden) normed input */
+    float *qkv = x + (size_t)t * hidden;          /* (t, nqkv) */
+    float *qs = qkv + (size_t)t * nqkv;           /* (hkv, g t, d) stacked queries */
+    float *att = qs + (size_t)t * hq * d;         /* (hq, t, d) attention output */
+    float *o_in = att + (size_t)t * hq * d;       /* (t, hq d) */
+    float *gu = o_in + (size_t)t * hq * d;        /* (t, 2 inter) */
+    float *act = gu + (size_t)t * 2 * inter;      /* (t, inter) */
+    float *y = act + (size_t)t * inter;           /* (t, hidden) a product's output */
+    for (int l = 0; l < layers; l++) {
+        const layer_weights *w = weights + l;
+        rms_norm_rows(h, w->in_norm, x, t, hidden, eps);
+        panel_mm(x, w->qkv, qkv, t, hidden, nqkv);
+        if (w->qkv_bias)
+            for (int r = 0; r < t; r++)
+                for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] = qkv[(size_t)r * nqkv + i] + w->qkv_bias[i];
+        float *kc = k_cache[l], *vc = v_cache[l];
+        for (int r = 0; r < t; r++) {
+            float *row = qkv + (size_t)r * nqkv;
+            for (int head = 0; head < hq + hkv; head++) rotate(row + (size_t)head * d, cos + (size_t)r * d, sin + (size_t)r * d, d);
+            for (int j = 0; j < hq; j++)  /* query head j = kv head j / g, member j % g: stacked row (j % g) t + r */
+                memcpy(qs + ((size_t)(j / g) * g * t + (size_t)(j % g) * t + r) * d, row + (size_t)j * d, d * sizeof(float));
+            for (int kv = 0; kv < hkv; kv++) {
+                memcpy(kc + kv * head_stride + (size_t)(start + r) * d, row + (size_t)(hq + kv) * d, d * sizeof(float));
+                memcpy(vc + kv * head_stride + (size_t)(start + r) * d, row + (size_t)(hq + hkv + kv) * d, d * sizeof(float));
+            }
+        }
+        int code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask);
+        if (code) return code;
+        for (int r = 0; r < t; r++)  /* (hq, t, d) -> (t, hq d) */
+            for (int j = 0; j < hq; j++)
+                memcpy(o_in + ((size_t)r * hq + j) * d, att + ((size_t)j * t + r) * d, d * sizeof(float));
+        panel_mm(o_in, w->o, y, t, hq * d, hidden);
+        for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
+        rms_norm_rows(h, w->post_norm, x, t, hidden, eps);
+        panel_mm(x, w->gate_up, gu, t, hidden, 2 * inter);
+        silu_mul_rows(gu, act, t, inter);
+        panel_mm(act, w->down, y, t, inter, hidden);
+        for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
+    }
+    return 0;
+}
+
+/* Floats of scratch layer_rows needs for t rows. */
+long layer_rows_scratch(int t, int hidden, int hq, int hkv, int d, int inter) {
+    return (long)t * (2 * hidden + (hq + 2 * hkv) * d + 3 * hq * d + 3 * inter) + 64;
+}

@@ -1,0 +1,167 @@
+"""The decoder stack for a few new tokens in one native call (`layer_rows.c`), and its element-wise parts.
+
+`NativeStack.build(lean)` returns None where the library cannot serve the model (no compiler or AVX-512,
+matrices not on the native panel kernel, an activation other than SiLU, biases other than q/k/v's, sizes
+that are not multiples of 16); `rms_norm` and `silu_mul` return None where the library is unavailable.
+The lean step then keeps its PyTorch path. Where the library is available the PyTorch path calls the same
+element-wise functions, so every forward computes a row the same way, whichever path runs it.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import torch
+
+from . import build
+from .panels import MAX_ROWS as PANEL_MAX_ROWS
+
+_P, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+
+
+class _LayerWeights(ctypes.Structure):
+    _fields_ = [("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P),
+                ("qkv_bias", _P)]
+
+
+_LAYER_ARGS = [_P, _INT, _INT, ctypes.POINTER(_LayerWeights), _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P), _LONG,
+               _INT, _P, _INT, _INT, _INT, _INT, _INT, _FLOAT, _FLOAT, _P]
+
+
+def _library():
+    """The library (its element-wise functions typed), or None where it is not available."""
+    if build.function("layer_rows", _INT, _LAYER_ARGS, _self_check, "PyTorch") is None:
+        return None
+    return build.load("layer_rows")
+
+
+def _typed(lib):
+    lib.rms_norm_rows.restype, lib.rms_norm_rows.argtypes = None, [_P, _P, _P, _INT, _INT, _FLOAT]
+    lib.silu_mul_rows.restype, lib.silu_mul_rows.argtypes = None, [_P, _P, _INT, _INT]
+    lib.layer_rows_scratch.restype, lib.layer_rows_scratch.argtypes = _LONG, [_INT] * 6
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """x (T, n) and weight (n,) float32 on CPU, n a multiple of 16 -> x / sqrt(mean(x^2) + eps) * weight, or None."""
+    lib = _library()
+    n = x.shape[-1]
+    if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or n % 16 or x.dim() != 2:
+        return None
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    lib.rms_norm_rows(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], n, eps)
+    return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """gate_up (T, 2 I) float32 on CPU, I a multiple of 16 -> silu(gate) * up (T, I), or None."""
+    lib = _library()
+    t, two_i = gate_up.shape
+    if lib is None or gate_up.dtype != torch.float32 or gate_up.device.type != "cpu" or two_i % 32:
+        return None
+    gate_up = gate_up.contiguous()
+    y = torch.empty(t, two_i // 2, dtype=torch.float32)
+    lib.silu_mul_rows(gate_up.data_ptr(), y.data_ptr(), t, two_i // 2)
+    return y
+
+
+def is_silu(act) -> bool:
+    return type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+class NativeStack:
+    """Every decoder layer of a lean model for up to 16 new tokens in one call (see layer_rows.c)."""
+
+    def __init__(self, lean, lib) -> None:
+        self._lib = lib
+        self._run = lib.layer_rows
+        layers = lean.layers
+        self.weights = (_LayerWeights * len(layers))()
+        for i, layer in enumerate(layers):
+            bias = layer.qkv.bias
+            self.weights[i] = _LayerWeights(layer.in_norm.data_ptr(), layer.post_norm.data_ptr(),
+                                            layer.qkv.panels.panels.data_ptr(), layer.o.panels.panels.data_ptr(),
+                                            layer.gate_up.panels.panels.data_ptr(), layer.down.panels.panels.data_ptr(),
+                                            None if bias is None else bias.data_ptr())
+        self._keep = [layer.qkv.bias for layer in layers]  # the bias tensors the pointers refer to
+        self.num_layers = len(layers)
+        self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, lean.num_heads, lean.num_kv_heads, lean.head_dim
+        self.inter, self.eps, self.scale = lean.intermediate, lean.eps, float(lean.scaling)
+        dims = (self.hidden, self.hq, self.hkv, self.d, self.inter)
+        self.scratch = torch.empty(lib.layer_rows_scratch(PANEL_MAX_ROWS, *dims), dtype=torch.float32)
+        self._cache_ref = None  # weak reference to the cache whose buffer pointers are in _cache_ptrs
+        self._cache_ptrs = None
+
+    @classmethod
+    def build(cls, lean) -> "NativeStack | None":
+        lib = _library()
+        if lib is None or lean.device.type != "cpu" or lean.compute_dtype != torch.float32 or not lean.native_rows:
+            return None
+        for layer in lean.layers:
+            if (not is_silu(layer.act) or layer.o.bias is not None or layer.gate_up.bias is not None
+                    or layer.down.bias is not None):
+                return None
+        if lean.head_dim not in (64, 128) or lean.num_heads % lean.num_kv_heads or lean.intermediate % 16:
+            return None
+        if lean.layers[0].qkv.in_features % 16:
+            return None
+        return cls(lean, lib)
+
+    def serves(self, t: int, keys: int) -> bool:
+        """True for t new tokens over `keys` keys in all (cache and new) where the attention would take the native
+        kernel too (attention.attend's routing): then this call computes exactly what the PyTorch path would."""
+        from ..attention import NATIVE_ROWS, NATIVE_SHORT_KEYS, NATIVE_SHORT_ROWS
+
+        rows = t * (self.hq // self.hkv)
+        return t <= PANEL_MAX_ROWS and (rows <= NATIVE_ROWS or (keys <= NATIVE_SHORT_KEYS and rows <= NATIVE_SHORT_ROWS))
+
+    def _pointers(self, cache):
+        # by identity of a live object: a new cache may reuse a dead one's id and some of its addresses, never all
+        if self._cache_ref is None or self._cache_ref() is not cache:
+            k = (_P * self.num_layers)(*[x.data_ptr() for x in cache.k])
+            v = (_P * self.num_layers)(*[x.data_ptr() for x in cache.v])
+            self._cache_ref, self._cache_ptrs = weakref.ref(cache), (k, v)
+        return self._cache_ptrs
+
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
+            block_mask: torch.Tensor | None) -> bool:
+        """h (T, hidden) float32 contiguous, updated in place; cos, sin (T, d) contiguous; cache a KVCache of
+        float32 CPU buffers (Hkv, capacity, d). False (h untouched) where the kernel declined."""
+        t = h.shape[0]
+        if start + t > cache.capacity:
+            raise RuntimeError(f"KV cache overflow: need {start + t} slots, capacity is {cache.capacity}")
+        k_ptrs, v_ptrs = self._pointers(cache)
+        mask = None
+        if block_mask is not None:
+            mask = block_mask.to(torch.uint8).contiguous()
+        code = self._run(h.data_ptr(), t, self.num_layers, self.weights, cos.data_ptr(), sin.data_ptr(), k_ptrs, v_ptrs,
+                         cache.capacity * self.d, start, None if mask is None else mask.data_ptr(), self.hidden,
+                         self.hq, self.hkv, self.d, self.inter, self.eps, self.scale, self.scratch.data_ptr())
+        return code == 0
+
+
+def _self_check() -> bool:
+    """The element-wise functions agree with PyTorch's (to float32 rounding), row by row."""
+    lib = _typed(build.load("layer_rows"))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=gen) * 3
+    w = torch.randn(64, generator=gen)
+    y = torch.empty_like(x)
+    lib.rms_norm_rows(x.data_ptr(), w.data_ptr(), y.data_ptr(), 5, 64, 1e-6)
+    ref = torch.nn.functional.rms_norm(x, (64,), w, 1e-6)
+    if not torch.allclose(y, ref, rtol=1e-5, atol=1e-6):
+        return False
+    gu = torch.randn(5, 64, generator=gen) * 6
+    out = torch.empty(5, 32)
+    lib.silu_mul_rows(gu.data_ptr(), out.data_ptr(), 5, 32)
+    ref = torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:]
+    if not torch.allclose(out, ref, rtol=1e-5, atol=1e-6):
+        return False
+    one = torch.empty(1, 64)
+    lib.rms_norm_rows(x[3:4].contiguous().data_ptr(), w.data_ptr(), one.data_ptr(), 1, 64, 1e-6)
+    return bool(torch.equal(one[0], y[3]))
