@@ -22,6 +22,7 @@ needs_panels = pytest.mark.skipif(not panels.available(), reason=f"native panel 
 needs_decide = pytest.mark.skipif(not decide.available(), reason=f"native decide kernel: {build.why_not('decide_rows')}")
 needs_attention = pytest.mark.skipif(not rows_attention.available(),
                                      reason=f"native attention kernel: {build.why_not('attend_rows')}")
+needs_amx = pytest.mark.skipif(not panels.amx_available(), reason=f"AMX panel kernel: {build.why_not('panel_amx') or 'off'}")
 needs_stack = pytest.mark.skipif(not (layers.available() and rows_attention.available() and panels.available()),
                                  reason=f"native decoder stack: {build.why_not('layer_rows') or build.why_not('attend_rows')}")
 
@@ -49,6 +50,42 @@ def test_a_row_does_not_depend_on_the_rows_computed_with_it():
     together = m(x)
     for r in range(16):
         assert torch.equal(m(x[r : r + 1])[0], together[r])
+
+
+@needs_amx
+@pytest.mark.parametrize("n,k", [(32, 32), (640, 384), (384, 1024), (8192, 384)])
+def test_amx_product_of_bfloat16_weights_matches_float64_for_every_row_count(n, k):
+    """bfloat16 weights through AMX tiles, each float32 input split into three exact bfloat16 parts: as accurate
+    as a float32 product, and a row never depends on the rows computed with it."""
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    m = panels.PanelMatrix.build(w)
+    assert m.kind == 1 and m.panels.element_size() == 2  # half the bytes of float32 panels
+    x = torch.randn(panels.MAX_ROWS, k, generator=gen) * torch.logspace(-3, 3, k)  # a wide range of magnitudes
+    ref = x.double() @ w.double().t()
+    bound = 4e-6 * (x.double().abs() @ w.double().abs().t())  # about 30 float32 ulps of the absolute sum
+    assert ((x @ w.float().t()).double() - ref).abs().le(bound).all()  # a float32 product meets it too
+    together = m(x)
+    for rows in range(1, panels.MAX_ROWS + 1):
+        got = m(x[:rows])
+        assert torch.equal(got, together[:rows]), rows
+        assert (got.double() - ref[:rows]).abs().le(bound[:rows]).all(), rows
+    for r in range(panels.MAX_ROWS):
+        assert torch.equal(m(x[r : r + 1])[0], together[r])
+
+
+@needs_amx
+def test_weights_that_are_not_bfloat16_keep_float32_panels():
+    w = torch.randn(64, 64)
+    assert panels.PanelMatrix.build(w).kind == 0
+    assert panels.PanelMatrix.build(w.to(torch.bfloat16).float()).kind == 1
+
+
+def test_amx_can_be_turned_off():
+    out = run_isolated("import torch; from tokenswift.native import panels; "
+                       "print(panels.amx_available(), panels.PanelMatrix.build(torch.ones(64, 64)) is None or "
+                       "panels.PanelMatrix.build(torch.ones(64, 64)).kind)", TOKENSWIFT_AMX="0")
+    assert out.split() in (["False", "0"], ["False", "True"])
 
 
 def test_panel_matrix_refuses_what_it_cannot_serve():
@@ -166,6 +203,23 @@ def test_greedy_tokenswift_equals_ar_through_the_native_kernels(settings):
     result = gen.generate(prompt, ts.Settings(**settings), 300)
     assert result.token_ids == ar
     assert result.stats["mean_accepted"] > 1.0  # drafts were accepted: multi-row verification ran
+
+
+@needs_amx
+@needs_stack
+def test_tokenswift_equals_ar_through_amx_and_the_native_stack():
+    """A bfloat16 checkpoint (as the default model is): its matrices go through AMX tiles inside the native stack;
+    greedy TokenSwift gives AR's tokens and sampled TokenSwift AR's samples."""
+    model = head_dim_64_model("llama-gqa").to(torch.bfloat16)
+    gen = ts.Generator(model, heads=random_heads(model))
+    lean = gen.adapter.lean
+    assert lean.native_stack is not None and lean.layers[0].gate_up.panels.kind == 1 and lean.head.panels.kind == 1
+    prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    for settings in (dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)):
+        ar = gen.generate(prompt, ts.Settings(**settings), 200, method="ar", seed=4).token_ids
+        for tree in ("auto", "1x2x2"):
+            result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
+            assert result.token_ids == ar, (settings, tree)
 
 
 def run_isolated(code: str, **env) -> str:

@@ -4,7 +4,8 @@
    (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
    2-vCPU Xeon, about a quarter of an AR step. Here those parts are plain loops over a few rows, and the
-   products call the same kernels as the PyTorch path, so the step computes the same function.
+   products call the same kernels as the PyTorch path (panel_mm.c or panel_amx.c, as each matrix is laid
+   out, and attend_rows.c), so the step computes the same function.
 
    The element-wise parts are exported too (rms_norm_rows, silu_mul_rows): the PyTorch path calls them
    for every forward this function does not serve (prefill chunks, big trees), so a row's arithmetic is
@@ -13,6 +14,12 @@
    is rounded where the C says, as in PyTorch's element-wise ops. */
 #include "panel_mm.c"
 #include "attend_rows.c"
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "panel_amx.c"
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for t rows of n floats (n a multiple of 16). */
 void rms_norm_rows(const float *x, const float *w, float *y, int t, int n, float eps) {
@@ -65,18 +72,29 @@ static inline void rotate(float *x, const float *cos, const float *sin, int d) {
     }
 }
 
-/* The weights of one decoder layer, as the lean step lays them out (panel_mm.c's panels). */
+/* The weights of one decoder layer, as the lean step lays them out. */
 typedef struct {
     const float *in_norm, *post_norm;  /* (hidden,) */
-    const float *qkv, *o, *gate_up, *down;  /* panels of (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
+    const void *qkv, *o, *gate_up, *down;  /* (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
     const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
+    int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm.c), 1 bfloat16 AMX tiles (panel_amx.c) */
 } layer_weights;
+
+/* y (t, n) = x (t, k) @ W^T through the kernel W is laid out for. */
+static int product(const void *w, int kind, const float *x, float *y, int t, int k, int n) {
+#if HAVE_AMX
+    if (kind == 1) return panel_amx(x, (const uint16_t *)w, y, t, k, n);
+#endif
+    if (kind != 0) return -3;
+    panel_mm(x, (const float *)w, y, t, k, n);
+    return 0;
+}
 
 /* h: (t, hidden) residual stream, updated in place through every layer. cos, sin: (t, d) rotary tables of
    the new tokens' positions. k_cache[l], v_cache[l]: layer l's (hkv, capacity, d) buffers, head_stride =
    capacity * d; the new tokens' keys and values go to slots start .. start + t - 1 and attention covers
    slots 0 .. start + t - 1. block_mask: (t, t) visibility among the new tokens (NULL: all visible).
-   scratch: at least layer_rows_scratch(...) floats. Returns 0, or the attention kernel's error code. */
+   scratch: at least layer_rows_scratch(...) floats. Returns 0, or a kernel's error code. */
 int layer_rows(float *h, int t, int layers, const layer_weights *weights, const float *cos, const float *sin,
                float *const *k_cache, float *const *v_cache, long head_stride, int start,
                const unsigned char *block_mask, int hidden, int hq, int hkv, int d, int inter, float eps,
@@ -93,7 +111,8 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
     for (int l = 0; l < layers; l++) {
         const layer_weights *w = weights + l;
         rms_norm_rows(h, w->in_norm, x, t, hidden, eps);
-        panel_mm(x, w->qkv, qkv, t, hidden, nqkv);
+        int code = product(w->qkv, w->kinds[0], x, qkv, t, hidden, nqkv);
+        if (code) return code;
         if (w->qkv_bias)
             for (int r = 0; r < t; r++)
                 for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] = qkv[(size_t)r * nqkv + i] + w->qkv_bias[i];
@@ -108,17 +127,17 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
                 memcpy(vc + kv * head_stride + (size_t)(start + r) * d, row + (size_t)(hq + hkv + kv) * d, d * sizeof(float));
             }
         }
-        int code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask);
+        code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask);
         if (code) return code;
         for (int r = 0; r < t; r++)  /* (hq, t, d) -> (t, hq d) */
             for (int j = 0; j < hq; j++)
                 memcpy(o_in + ((size_t)r * hq + j) * d, att + ((size_t)j * t + r) * d, d * sizeof(float));
-        panel_mm(o_in, w->o, y, t, hq * d, hidden);
+        if ((code = product(w->o, w->kinds[1], o_in, y, t, hq * d, hidden))) return code;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
         rms_norm_rows(h, w->post_norm, x, t, hidden, eps);
-        panel_mm(x, w->gate_up, gu, t, hidden, 2 * inter);
+        if ((code = product(w->gate_up, w->kinds[2], x, gu, t, hidden, 2 * inter))) return code;
         silu_mul_rows(gu, act, t, inter);
-        panel_mm(act, w->down, y, t, inter, hidden);
+        if ((code = product(w->down, w->kinds[3], act, y, t, inter, hidden))) return code;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
     }
     return 0;

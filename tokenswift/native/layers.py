@@ -21,7 +21,7 @@ _P, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c
 
 class _LayerWeights(ctypes.Structure):
     _fields_ = [("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P),
-                ("qkv_bias", _P)]
+                ("qkv_bias", _P), ("kinds", _INT * 4)]
 
 
 _LAYER_ARGS = [_P, _INT, _INT, ctypes.POINTER(_LayerWeights), _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P), _LONG,
@@ -84,10 +84,11 @@ class NativeStack:
         self.weights = (_LayerWeights * len(layers))()
         for i, layer in enumerate(layers):
             bias = layer.qkv.bias
+            matrices = (layer.qkv.panels, layer.o.panels, layer.gate_up.panels, layer.down.panels)
             self.weights[i] = _LayerWeights(layer.in_norm.data_ptr(), layer.post_norm.data_ptr(),
-                                            layer.qkv.panels.panels.data_ptr(), layer.o.panels.panels.data_ptr(),
-                                            layer.gate_up.panels.panels.data_ptr(), layer.down.panels.panels.data_ptr(),
-                                            None if bias is None else bias.data_ptr())
+                                            *[m.panels.data_ptr() for m in matrices],
+                                            None if bias is None else bias.data_ptr(),
+                                            (_INT * 4)(*[m.kind for m in matrices]))
         self._keep = [layer.qkv.bias for layer in layers]  # the bias tensors the pointers refer to
         self.num_layers = len(layers)
         self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, lean.num_heads, lean.num_kv_heads, lean.head_dim

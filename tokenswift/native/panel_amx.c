@@ -1,0 +1,123 @@
+/* y = x @ W^T for a few rows of float32 x and a bfloat16 W, with Intel AMX tiles, exact to float32 rounding.
+
+   Why: a decode step streams every weight once per token. The default model's weights are bfloat16, and
+   the float32 panels (panel_mm.c) stream twice their bytes; at 9 rows they are also bound by the float32
+   multiply-adds. Here W stays bfloat16 (half the bytes) and the products run on AMX tiles: a few rows then
+   cost about what one row does.
+
+   Exactness: each float32 x is split into three bfloat16 parts, x = x1 + x2 + x3 exactly (x1 its top 8
+   significant bits, x2 the next 8, x3 the rest; for |x| above about 1e-33). A bfloat16 times a bfloat16
+   is exact in float32, so every product W[n][k] * x_i[k] is exact; the tile accumulates them in float32,
+   and y = (W.x1 + W.x2) + W.x3. The sums are rounded like any float32 dot product, in the tile's own order.
+   Every row of x becomes three rows of the tile, and a row's result depends on that row alone: a row of a
+   many-row call is bitwise the one-row call.
+
+   Layout of W (n, k), n a multiple of 32 and k of 32: blocks of 16 columns by 32 k, each block the B tile
+   of TDPBF16PS (16 rows of k pairs, each holding 16 columns x 2 bfloat16), in the order
+   [n / 16][k / 32][16 k pairs][16 columns][2]. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <immintrin.h>
+
+#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
+#error "panel_amx needs AMX-TILE and AMX-BF16"
+#endif
+
+#define AMX_TOKENS 5       /* tokens per tile pass: 3 split rows each, 15 of the tile's 16 rows */
+#define AMX_MAX_K 4096
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Ask the kernel for the AMX tile state (Linux: once per process). Returns 1 when the tiles may be used. */
+int amx_ready(void) {
+    static int state = 0;  /* 0 unknown, 1 ready, -1 refused */
+    if (state == 0) {
+        long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
+        state = rc == 0 ? 1 : -1;
+    }
+    return state == 1;
+}
+
+static void configure(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 5; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+}
+
+/* Split rows of x (m <= AMX_TOKENS, k) into 3m rows of bfloat16 parts (16 rows of a, the rest zero). */
+static void split_rows(const float *x, uint16_t *a, int m, int k) {
+    memset(a, 0, (size_t)16 * k * sizeof(uint16_t));
+    for (int r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * k;
+        uint16_t *a1 = a + (size_t)(3 * r) * k, *a2 = a1 + k, *a3 = a2 + k;
+        for (int i = 0; i < k; i++) {
+            float v = xr[i], part;
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            a1[i] = (uint16_t)(bits >> 16);
+            bits &= 0xFFFF0000u; memcpy(&part, &bits, 4);
+            v = v - part;  /* exact: the low 16 bits of the significand */
+            memcpy(&bits, &v, 4);
+            a2[i] = (uint16_t)(bits >> 16);
+            bits &= 0xFFFF0000u; memcpy(&part, &bits, 4);
+            v = v - part;  /* exact: at most 8 significant bits remain */
+            memcpy(&bits, &v, 4);
+            a3[i] = (uint16_t)(bits >> 16);
+        }
+    }
+}
+
+/* x: (m, k) float32 row-major; w: packed as above; y: (m, n) float32. Returns 0, -1 for sizes it does not
+   handle, -2 when out of memory. The columns are the outer loop, so that the passes of more than AMX_TOKENS
+   rows find a block's weights in the core's caches. */
+int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n) {
+    if (k > AMX_MAX_K || k % 32 || n % 32 || m < 1) return -1;
+    const int groups = (m + AMX_TOKENS - 1) / AMX_TOKENS;
+    uint16_t *a = (uint16_t *)aligned_alloc(64, (size_t)groups * 16 * k * sizeof(uint16_t));
+    if (!a) return -2;
+    for (int g = 0; g < groups; g++) {
+        int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
+        split_rows(x + (size_t)g * AMX_TOKENS * k, a + (size_t)g * 16 * k, rows, k);
+    }
+    float c[2][16 * 16] __attribute__((aligned(64)));
+    const int kb_count = k / 32;
+    const size_t block = 16 * 32;  /* bfloat16 per B tile */
+    configure();
+    for (int nb = 0; nb < n / 16; nb += 2) {
+        const uint16_t *b0 = w + (size_t)nb * kb_count * block, *b1 = b0 + (size_t)kb_count * block;
+        for (int g = 0; g < groups; g++) {
+            const uint16_t *ag = a + (size_t)g * 16 * k;
+            int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int kb = 0; kb < kb_count; kb++) {
+                _tile_loadd(2, ag + kb * 32, k * 2);
+                _tile_loadd(3, b0 + kb * block, 64);
+                _tile_loadd(4, b1 + kb * block, 64);
+                _tile_dpbf16ps(0, 2, 3);
+                _tile_dpbf16ps(1, 2, 4);
+            }
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            for (int r = 0; r < rows; r++)
+                for (int h = 0; h < 2; h++) {
+                    const float *c1 = c[h] + (3 * r) * 16, *c2 = c1 + 16, *c3 = c2 + 16;
+                    float *out = y + (size_t)(g * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
+                    for (int j = 0; j < 16; j++) out[j] = (c1[j] + c2[j]) + c3[j];
+                }
+        }
+    }
+    _tile_release();
+    free(a);
+    return 0;
+}
