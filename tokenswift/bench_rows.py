@@ -5,7 +5,9 @@ filled by a held-out prompt, split into attention, the weight matrices and every
 
 This is the cost curve `tree="auto"` prices drafts with (forward and logits of q rows against one row), taken
 apart. The parts are timed by wrapping the lean step's attention call and its matrix products for the duration
-of the benchmark (one clock read on each side of every call, about 1 us in a step of several ms). Row counts run
+of the benchmark (one clock read on each side of every call, about 1 us in a step of several ms), and, where the
+native decoder stack runs the forward (tokenswift/native/layer_rows.c), by its own clock reads around the same
+kernels. Row counts run
 interleaved, one forward each in turn, so that the machine's drift falls on all of them alike; medians.
 """
 from __future__ import annotations
@@ -25,7 +27,19 @@ WARMUP = 3  # rounds not counted
 @contextlib.contextmanager
 def _timed_parts(totals: dict[str, float]):
     """Adds the seconds spent in the lean step's attention and matrix products to totals while active."""
+    import ctypes
+
     attend, matrix_call = lean_module.attend, lean_module.Matrix.__call__
+    stack_run = lean_module.native_layers.NativeStack.run
+
+    def timed_stack(self, *args, **kwargs):
+        self.parts = (ctypes.c_double * 2)()
+        try:
+            return stack_run(self, *args, **kwargs)
+        finally:
+            totals["attention"] += self.parts[0]
+            totals["matrices"] += self.parts[1]
+            self.parts = None
 
     def timed_attend(*args, **kwargs):
         t = time.perf_counter()
@@ -40,10 +54,12 @@ def _timed_parts(totals: dict[str, float]):
         return out
 
     lean_module.attend, lean_module.Matrix.__call__ = timed_attend, timed_matrix
+    lean_module.native_layers.NativeStack.run = timed_stack
     try:
         yield
     finally:
         lean_module.attend, lean_module.Matrix.__call__ = attend, matrix_call
+        lean_module.native_layers.NativeStack.run = stack_run
 
 
 def rows(model: str, text_path: str, context: int, row_counts: list[int], repeats: int, threads: int = 1) -> dict:

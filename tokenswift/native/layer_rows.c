@@ -12,6 +12,7 @@
    the same whichever path ran it. Every part works row by row: a row's result does not depend on how
    many rows are computed with it. Built with -ffp-contract=off (see build.py): every product and sum
    is rounded where the C says, as in PyTorch's element-wise ops. */
+#include <time.h>
 #include "panel_mm.c"
 #include "attend_rows.c"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -80,6 +81,12 @@ typedef struct {
     int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm.c), 1 bfloat16 AMX tiles (panel_amx.c) */
 } layer_weights;
 
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* y (t, n) = x (t, k) @ W^T through the kernel W is laid out for. */
 static int product(const void *w, int kind, const float *x, float *y, int t, int k, int n) {
 #if HAVE_AMX
@@ -94,11 +101,13 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
    the new tokens' positions. k_cache[l], v_cache[l]: layer l's (hkv, capacity, d) buffers, head_stride =
    capacity * d; the new tokens' keys and values go to slots start .. start + t - 1 and attention covers
    slots 0 .. start + t - 1. block_mask: (t, t) visibility among the new tokens (NULL: all visible).
-   scratch: at least layer_rows_scratch(...) floats. Returns 0, or a kernel's error code. */
+   scratch: at least layer_rows_scratch(...) floats. parts: NULL, or two seconds counters to which the time in
+   attention and in the weight products is added (python -m tokenswift.bench rows). Returns 0, or a kernel's
+   error code. */
 int layer_rows(float *h, int t, int layers, const layer_weights *weights, const float *cos, const float *sin,
                float *const *k_cache, float *const *v_cache, long head_stride, int start,
                const unsigned char *block_mask, int hidden, int hq, int hkv, int d, int inter, float eps,
-               float scale, float *scratch) {
+               float scale, float *scratch, double *parts) {
     int g = hq / hkv, nqkv = (hq + 2 * hkv) * d;
     float *x = scratch;                           /* (t, hidden) normed input */
     float *qkv = x + (size_t)t * hidden;          /* (t, nqkv) */
@@ -111,8 +120,10 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
     for (int l = 0; l < layers; l++) {
         const layer_weights *w = weights + l;
         rms_norm_rows(h, w->in_norm, x, t, hidden, eps);
+        double t0 = parts ? now() : 0.0;
         int code = product(w->qkv, w->kinds[0], x, qkv, t, hidden, nqkv);
         if (code) return code;
+        if (parts) parts[1] += now() - t0;
         if (w->qkv_bias)
             for (int r = 0; r < t; r++)
                 for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] = qkv[(size_t)r * nqkv + i] + w->qkv_bias[i];
@@ -127,17 +138,25 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
                 memcpy(vc + kv * head_stride + (size_t)(start + r) * d, row + (size_t)(hq + hkv + kv) * d, d * sizeof(float));
             }
         }
+        t0 = parts ? now() : 0.0;
         code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask);
         if (code) return code;
+        if (parts) parts[0] += now() - t0;
         for (int r = 0; r < t; r++)  /* (hq, t, d) -> (t, hq d) */
             for (int j = 0; j < hq; j++)
                 memcpy(o_in + ((size_t)r * hq + j) * d, att + ((size_t)j * t + r) * d, d * sizeof(float));
+        t0 = parts ? now() : 0.0;
         if ((code = product(w->o, w->kinds[1], o_in, y, t, hq * d, hidden))) return code;
+        if (parts) parts[1] += now() - t0;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
         rms_norm_rows(h, w->post_norm, x, t, hidden, eps);
+        t0 = parts ? now() : 0.0;
         if ((code = product(w->gate_up, w->kinds[2], x, gu, t, hidden, 2 * inter))) return code;
+        if (parts) parts[1] += now() - t0;
         silu_mul_rows(gu, act, t, inter);
+        t0 = parts ? now() : 0.0;
         if ((code = product(w->down, w->kinds[3], act, y, t, inter, hidden))) return code;
+        if (parts) parts[1] += now() - t0;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
     }
     return 0;

@@ -25,7 +25,7 @@ class _LayerWeights(ctypes.Structure):
 
 
 _LAYER_ARGS = [_P, _INT, _INT, ctypes.POINTER(_LayerWeights), _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P), _LONG,
-               _INT, _P, _INT, _INT, _INT, _INT, _INT, _FLOAT, _FLOAT, _P]
+               _INT, _P, _INT, _INT, _INT, _INT, _INT, _FLOAT, _FLOAT, _P, _P]
 
 
 def _library():
@@ -95,6 +95,7 @@ class NativeStack:
         self.inter, self.eps, self.scale = lean.intermediate, lean.eps, float(lean.scaling)
         dims = (self.hidden, self.hq, self.hkv, self.d, self.inter)
         self.scratch = torch.empty(lib.layer_rows_scratch(PANEL_MAX_ROWS, *dims), dtype=torch.float32)
+        self.parts = None  # a (c_double * 2): seconds in attention and in weight products are added to it (benchmarks)
         self._cache_ref = None  # weak reference to the cache whose buffer pointers are in _cache_ptrs
         self._cache_ptrs = None
 
@@ -142,7 +143,7 @@ class NativeStack:
             mask = block_mask.to(torch.uint8).contiguous()
         code = self._run(h.data_ptr(), t, self.num_layers, self.weights, cos.data_ptr(), sin.data_ptr(), k_ptrs, v_ptrs,
                          cache.capacity * self.d, start, None if mask is None else mask.data_ptr(), self.hidden,
-                         self.hq, self.hkv, self.d, self.inter, self.eps, self.scale, self.scratch.data_ptr())
+                         self.hq, self.hkv, self.d, self.inter, self.eps, self.scale, self.scratch.data_ptr(), self.parts)
         return code == 0
 
 
