@@ -222,6 +222,23 @@ def test_tokenswift_equals_ar_through_amx_and_the_native_stack():
             assert result.token_ids == ar, (settings, tree)
 
 
+@needs_stack
+def test_native_compaction_moves_what_the_pytorch_compaction_moves():
+    gen = torch.Generator().manual_seed(8)
+    caches = [KVCache([torch.device("cpu")] * 3, 60, 2, 64, torch.float32) for _ in range(2)]
+    for x, y in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        x.copy_(torch.randn(x.shape, generator=gen))
+        y.copy_(x)
+    for src, dst in (([21, 23, 26, 30], 21), ([40], 35), ([10, 11, 12, 20], 10)):
+        assert layers.move_slots(caches[0], src, dst)
+        for layer in range(3):  # the PyTorch moves, as KVCache.compact does them without the native library
+            index = torch.tensor(src)
+            for buf in (caches[1].k[layer], caches[1].v[layer]):
+                buf[:, dst : dst + len(src)] = buf.index_select(1, index)
+        assert all(torch.equal(x, y) for x, y in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
+    assert not layers.move_slots(caches[0], [30, 29], 20)  # not ascending: left to PyTorch
+
+
 def run_isolated(code: str, **env) -> str:
     """Run `code` in a fresh interpreter (the kernels are loaded once per process)."""
     full_env = {**os.environ, **env}

@@ -29,7 +29,8 @@ from typing import Callable, Hashable
 
 PROBE_ROWS = (1, 4, 12)  # rows timed by a probe; costs in between are interpolated, beyond extrapolated
 PRIOR_SHAPE = (1.0, 1.5, 2.6)  # cost of PROBE_ROWS relative to one row before the first probe (PyTorch matmuls)
-PRIOR_SHAPE_NATIVE = (1.0, 1.15, 1.55)  # the same with the native kernels (measured: 1K context, 2-vCPU Xeon)
+PRIOR_SHAPE_NATIVE = (1.0, 1.2, 1.85)  # the same with the native kernels (measured: 1K context, 2-vCPU Xeon, native
+#                                        stack with AMX products: `python -m tokenswift.bench rows`, 1 / 4 / 12 rows)
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
 MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
 #                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from .native.layers import move_slots
+
 
 class KVCache:
     """Per layer K and V buffers of shape (Hkv, capacity, d), allocated once on the device where that
@@ -34,6 +36,8 @@ class KVCache:
     def compact(self, src_slots: list[int], dst_start: int) -> None:
         """Move the K/V at `src_slots` (in order) to [dst_start, dst_start + len(src_slots))."""
         if not src_slots or src_slots == list(range(dst_start, dst_start + len(src_slots))):
+            return
+        if move_slots(self, src_slots, dst_start):  # one native call instead of four tensor ops per layer
             return
         for layer in range(len(self.k)):
             index = torch.tensor(src_slots, device=self.k[layer].device)

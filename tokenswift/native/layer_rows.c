@@ -166,3 +166,19 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
 long layer_rows_scratch(int t, int hidden, int hq, int hkv, int d, int inter) {
     return (long)t * (2 * hidden + (hq + 2 * hkv) * d + 3 * hq * d + 3 * inter) + 64;
 }
+
+/* The cache's compaction after a verification: in every layer and KV head, the rows of slots src[0..n) move to
+   slots dst .. dst + n - 1, in order. The accepted path's slots ascend and src[i] >= dst + i, so copying in
+   order never overwrites a row still to be moved. */
+void move_slots(float *const *k_cache, float *const *v_cache, int layers, int hkv, long head_stride, int d,
+                const long *src, int n, int dst) {
+    for (int l = 0; l < layers; l++)
+        for (int h = 0; h < hkv; h++) {
+            float *kh = k_cache[l] + h * head_stride, *vh = v_cache[l] + h * head_stride;
+            for (int i = 0; i < n; i++) {
+                if (src[i] == dst + i) continue;
+                memmove(kh + (size_t)(dst + i) * d, kh + (size_t)src[i] * d, d * sizeof(float));
+                memmove(vh + (size_t)(dst + i) * d, vh + (size_t)src[i] * d, d * sizeof(float));
+            }
+        }
+}

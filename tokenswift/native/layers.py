@@ -39,6 +39,8 @@ def _typed(lib):
     lib.rms_norm_rows.restype, lib.rms_norm_rows.argtypes = None, [_P, _P, _P, _INT, _INT, _FLOAT]
     lib.silu_mul_rows.restype, lib.silu_mul_rows.argtypes = None, [_P, _P, _INT, _INT]
     lib.layer_rows_scratch.restype, lib.layer_rows_scratch.argtypes = _LONG, [_INT] * 6
+    lib.move_slots.restype = None
+    lib.move_slots.argtypes = [ctypes.POINTER(_P), ctypes.POINTER(_P), _INT, _INT, _LONG, _INT, _P, _INT, _INT]
     return lib
 
 
@@ -68,6 +70,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     y = torch.empty(t, two_i // 2, dtype=torch.float32)
     lib.silu_mul_rows(gate_up.data_ptr(), y.data_ptr(), t, two_i // 2)
     return y
+
+
+def move_slots(cache, src_slots: list[int], dst_start: int) -> bool:
+    """KVCache.compact in one native call (float32 CPU buffers, ascending slots with src[i] >= dst + i, as an
+    accepted path gives them); False where it cannot serve (the caller then moves them with PyTorch)."""
+    lib = _library()
+    k0 = cache.k[0]
+    if (lib is None or k0.dtype != torch.float32 or k0.device.type != "cpu" or any(not x.is_contiguous() for x in cache.k)
+            or any(not x.is_contiguous() for x in cache.v) or len({x.device for x in cache.k}) != 1
+            or any(s < dst_start + i or (i and s <= src_slots[i - 1]) for i, s in enumerate(src_slots))):
+        return False
+    layers = len(cache.k)
+    k = (_P * layers)(*[x.data_ptr() for x in cache.k])
+    v = (_P * layers)(*[x.data_ptr() for x in cache.v])
+    src = (ctypes.c_long * len(src_slots))(*src_slots)
+    lib.move_slots(k, v, layers, k0.shape[0], k0.shape[1] * k0.shape[2], k0.shape[2], src, len(src_slots), dst_start)
+    return True
 
 
 def is_silu(act) -> bool:
