@@ -54,25 +54,31 @@ static void configure(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* Split rows of x (m <= AMX_TOKENS, k) into 3m rows of bfloat16 parts (16 rows of a, the rest zero). */
+/* The top 8 significant bits of 16 floats as bfloat16 (truncation: the dropped bits are kept by the caller). */
+static inline __m256i top_half(__m512 v) {
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+}
+
+/* v minus its top 8 significant bits (exact: what truncation to bfloat16 dropped). */
+static inline __m512 rest_of(__m512 v) {
+    __m512 top = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0xFFFF0000u)));
+    return _mm512_sub_ps(v, top);
+}
+
+/* Split rows of x (m <= AMX_TOKENS, k a multiple of 16) into 3m rows of bfloat16 parts (16 rows of a, the rest
+   zero): row 3r holds x's top 8 significant bits, 3r + 1 the next 8, 3r + 2 the rest. */
 static void split_rows(const float *x, uint16_t *a, int m, int k) {
-    memset(a, 0, (size_t)16 * k * sizeof(uint16_t));
+    memset(a + (size_t)3 * m * k, 0, (size_t)(16 - 3 * m) * k * sizeof(uint16_t));
     for (int r = 0; r < m; r++) {
         const float *xr = x + (size_t)r * k;
         uint16_t *a1 = a + (size_t)(3 * r) * k, *a2 = a1 + k, *a3 = a2 + k;
-        for (int i = 0; i < k; i++) {
-            float v = xr[i], part;
-            uint32_t bits;
-            memcpy(&bits, &v, 4);
-            a1[i] = (uint16_t)(bits >> 16);
-            bits &= 0xFFFF0000u; memcpy(&part, &bits, 4);
-            v = v - part;  /* exact: the low 16 bits of the significand */
-            memcpy(&bits, &v, 4);
-            a2[i] = (uint16_t)(bits >> 16);
-            bits &= 0xFFFF0000u; memcpy(&part, &bits, 4);
-            v = v - part;  /* exact: at most 8 significant bits remain */
-            memcpy(&bits, &v, 4);
-            a3[i] = (uint16_t)(bits >> 16);
+        for (int i = 0; i < k; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            _mm256_storeu_si256((__m256i *)(a1 + i), top_half(v));
+            v = rest_of(v);
+            _mm256_storeu_si256((__m256i *)(a2 + i), top_half(v));
+            v = rest_of(v);
+            _mm256_storeu_si256((__m256i *)(a3 + i), top_half(v));
         }
     }
 }
