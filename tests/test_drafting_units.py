@@ -161,3 +161,24 @@ def test_payoff_scales_drafting_down_where_it_yields_less_per_second_and_recover
         pay.observe(False, 1, 0.010)
         pay.observe(True, 3, 0.015)  # drafting pays: never scaled up beyond 1
     assert pay.factor == 1.0
+
+
+def test_kept_ngram_rankings_stay_what_a_full_sort_gives():
+    """top(token, k) keeps its rankings and updates them as n-grams arrive; they must equal a fresh sort by
+    (count, most recent) every time."""
+    import heapq
+    import random
+
+    from tokenswift.ngram import NGramTable
+
+    rng = random.Random(0)
+    for _ in range(20):
+        table = NGramTable(4)
+        table.extend([rng.randrange(6) for _ in range(40)])
+        for _ in range(200):
+            token = rng.randrange(6)
+            for k in (1, 3, 20):
+                bucket = table._counts.get(token, {})
+                fresh = heapq.nlargest(k, bucket.items(), key=lambda item: (item[1], table._last_seen[(token, *item[0])]))
+                assert table.top(token, k) == fresh
+            table.extend([rng.randrange(6) for _ in range(rng.randrange(1, 4))])
