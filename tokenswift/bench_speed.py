@@ -541,6 +541,11 @@ def _engine_compute(gen) -> str:
         native = f"native few-row matmul kernel (attention through PyTorch: {build.why_not('attend_rows')})"
     else:
         native = f"PyTorch matmuls and attention ({panels.why_unavailable() or 'native kernels not used'})"
+    if lean.native_stack is not None:
+        native += ", the decoder stack of up to 16 new tokens in one native call"
+    if lean.native_rows and lean.head.panels.kind == 1:
+        kinds = [f"{'/'.join(kinds)} arithmetic on bfloat16-exact"]  # AMX tiles over the checkpoint's bfloat16 weights
+        native += " (AMX tiles over bfloat16 weights, float32 inputs split into exact bfloat16 parts)"
     return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache, {native}"
 
 
