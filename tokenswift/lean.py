@@ -9,13 +9,18 @@ Why (measured on a 2-vCPU Xeon with AVX-512 and AMX, one thread, the default mod
 the model's modules with bf16 weights took about 12 ms at 1.1K context, most of it in `F.linear` with
 bf16 weights at one row and in per-module overhead; the lean step takes about 9 ms.
 
-On CPU every matrix is float32, even for a bf16 checkpoint (an exact upcast of its weights). Measured
-here at one row, float32 was as fast as bf16 or faster for every matrix of the default model (qkv 43 vs
-64 us, o 26 vs 46, gate/up 139 vs 163, down 64 vs 86, LM head 487 vs 633, weights streamed from L3), and
-bf16 products round their *outputs* to 8 bits: a one-row and a 16-row product then differ by up to
-0.4%, enough to flip sampled tokens between AR and verification (seen: a sample 0.0016 from a CDF
-boundary). float32 keeps AR and TokenSwift the same function up to float32 rounding. Both AR and
-verification use this same step, so the race between them stays fair. On CUDA the model's dtype is kept.
+On CPU every product is float32 arithmetic, even for a bf16 checkpoint. Measured here at one row, float32
+was as fast as bf16 or faster for every matrix of the default model through PyTorch (qkv 43 vs 64 us, o 26 vs
+46, gate/up 139 vs 163, down 64 vs 86, LM head 487 vs 633, weights streamed from L3), and bf16 products round
+their *outputs* to 8 bits: a one-row and a 16-row product then differ by up to 0.4%, enough to flip sampled
+tokens between AR and verification (seen: a sample 0.0016 from a CDF boundary). float32 keeps AR and
+TokenSwift the same function up to float32 rounding. Where the native kernels serve (tokenswift/native), a
+matrix whose weights are exactly bf16 (the default model's) keeps them as bf16 and multiplies on AMX tiles
+with every float32 input split into three exact bf16 parts: exact products, float32 sums, half the bytes;
+and for up to 16 new tokens the whole decoder stack runs in one native call (layer_rows.c), which removes
+the PyTorch ops around the products (measured at 1.1K context: one forward and its logits 7.2 -> 3.4 ms
+with float32 panels, then about 2.2 ms with AMX). Both AR and verification use this same step, so the race
+between them stays fair. On CUDA the model's dtype is kept.
 """
 from __future__ import annotations
 
