@@ -217,7 +217,7 @@ def test_tokenswift_equals_ar_through_amx_and_the_native_stack():
     prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
     for settings in (dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)):
         ar = gen.generate(prompt, ts.Settings(**settings), 200, method="ar", seed=4).token_ids
-        for tree in ("auto", "1x2x2"):
+        for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path and AMX products
             result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
             assert result.token_ids == ar, (settings, tree)
 

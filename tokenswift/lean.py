@@ -68,16 +68,21 @@ class Matrix:
         self.out_features, self.in_features = weight.shape
         self.packed = self.panels = None
         use_dnn = os.environ.get(MATMUL_ENV, "auto") == "auto"
-        if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu":
-            self.packed = _dnn_pack(weight.to(dtype).contiguous(), 16)
         if use_dnn and dtype == torch.float32:
             self.panels = native_panels.PanelMatrix.build(weight)
-        # (in, out) for torch.mm: not needed where panels and oneDNN cover every row count
-        self.weight_t = None if self.panels is not None and self.packed is not None else weight.t().to(dtype).contiguous()
+        amx = self.panels is not None and self.panels.kind == 1  # serves every row count: no other copy needed
+        if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu" and not amx:
+            self.packed = _dnn_pack(weight.to(dtype).contiguous(), 16)
+        # (in, out) for torch.mm: not needed where panels and oneDNN (or AMX alone) cover every row count
+        covered = amx or (self.panels is not None and self.packed is not None)
+        self.weight_t = None if covered else weight.t().to(dtype).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, in) -> (T, out) in x's dtype."""
-        if self.panels is not None and x.shape[0] <= native_panels.MAX_ROWS and x.dtype == torch.float32:
+        # AMX tiles serve every row count (prefill chunks and big trees too: their rows then match AR's bitwise);
+        # float32 panels up to MAX_ROWS, oneDNN beyond
+        few = x.shape[0] <= native_panels.MAX_ROWS or (self.panels is not None and self.panels.kind == 1)
+        if self.panels is not None and few and x.dtype == torch.float32:
             y = self.panels(x)
             return y if self.bias is None else y + self.bias
         if self.packed is not None and (x.shape[0] > MM_MAX_ROWS or self.weight_t is None) and x.dtype == torch.float32:

@@ -84,7 +84,7 @@ class PanelMatrix:
         return cls(weight, amx)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (T, K) float32 on CPU, T <= MAX_ROWS -> (T, N) float32."""
+        """x: (T, K) float32 on CPU -> (T, N) float32; T <= MAX_ROWS for float32 panels, any T on AMX tiles."""
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
