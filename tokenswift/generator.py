@@ -292,6 +292,7 @@ class _Run:
         capacity = len(ids) + max_new + max_nodes + 1
         self.seq = torch.zeros(capacity, dtype=torch.long)  # token history for the penalty window
         self.seq[: len(ids)] = torch.tensor(ids)
+        self._seq_view = self.seq.numpy()  # the same memory: writing a few ids through it skips a tensor's creation
         a = self.a
         self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.cache_dtype)
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
@@ -422,7 +423,7 @@ class _Run:
     def commit(self, tokens: list[int]) -> None:
         n = len(self.ids)
         self.ids.extend(tokens)
-        self.seq[n : n + len(tokens)] = torch.tensor(tokens)
+        self._seq_view[n : n + len(tokens)] = tokens
         if self.ngrams is not None:
             self.ngrams.extend(tokens)
         if self.suffix is not None:
