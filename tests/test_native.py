@@ -239,6 +239,29 @@ def test_native_compaction_moves_what_the_pytorch_compaction_moves():
     assert not layers.move_slots(caches[0], [30, 29], 20)  # not ascending: left to PyTorch
 
 
+@needs_stack
+def test_two_threads_generating_on_one_model_get_their_own_results():
+    """The native stack keeps its scratch buffer and cache pointers per thread: two generations at once on the same
+    generator (ctypes releases the GIL inside the kernels) give what each gives alone."""
+    import threading
+
+    model = head_dim_64_model("llama-gqa").to(torch.bfloat16)
+    gen = ts.Generator(model, heads=random_heads(model))
+    prompts = [torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(s)).tolist() for s in (1, 2)]
+    alone = [gen.generate(p, ts.Settings(tree="auto"), 150).token_ids for p in prompts]
+    together = [None, None]
+
+    def run(i):
+        together[i] = gen.generate(prompts[i], ts.Settings(tree="auto"), 150).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+
+
 def run_isolated(code: str, **env) -> str:
     """Run `code` in a fresh interpreter (the kernels are loaded once per process)."""
     full_env = {**os.environ, **env}

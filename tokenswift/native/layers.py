@@ -9,6 +9,7 @@ element-wise functions, so every forward computes a row the same way, whichever 
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 
 import torch
@@ -113,10 +114,16 @@ class NativeStack:
         self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, lean.num_heads, lean.num_kv_heads, lean.head_dim
         self.inter, self.eps, self.scale = lean.intermediate, lean.eps, float(lean.scaling)
         dims = (self.hidden, self.hq, self.hkv, self.d, self.inter)
-        self.scratch = torch.empty(lib.layer_rows_scratch(PANEL_MAX_ROWS, *dims), dtype=torch.float32)
+        self._scratch_floats = lib.layer_rows_scratch(PANEL_MAX_ROWS, *dims)
+        self._local = threading.local()  # a scratch buffer per thread: generations may run in several threads
         self.parts = None  # a (c_double * 2): seconds in attention and in weight products are added to it (benchmarks)
-        self._cache_ref = None  # weak reference to the cache whose buffer pointers are in _cache_ptrs
-        self._cache_ptrs = None
+
+    @property
+    def scratch(self) -> torch.Tensor:
+        buf = getattr(self._local, "scratch", None)
+        if buf is None:
+            buf = self._local.scratch = torch.empty(self._scratch_floats, dtype=torch.float32)
+        return buf
 
     @classmethod
     def build(cls, lean) -> "NativeStack | None":
@@ -142,12 +149,13 @@ class NativeStack:
         return t <= PANEL_MAX_ROWS and (rows <= NATIVE_ROWS or (keys <= NATIVE_SHORT_KEYS and rows <= NATIVE_SHORT_ROWS))
 
     def _pointers(self, cache):
-        # by identity of a live object: a new cache may reuse a dead one's id and some of its addresses, never all
-        if self._cache_ref is None or self._cache_ref() is not cache:
+        # per thread, by identity of a live object: a new cache may reuse a dead one's id and some of its addresses
+        held = getattr(self._local, "cache", None)
+        if held is None or held[0]() is not cache:
             k = (_P * self.num_layers)(*[x.data_ptr() for x in cache.k])
             v = (_P * self.num_layers)(*[x.data_ptr() for x in cache.v])
-            self._cache_ref, self._cache_ptrs = weakref.ref(cache), (k, v)
-        return self._cache_ptrs
+            held = self._local.cache = (weakref.ref(cache), (k, v))
+        return held[1]
 
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
             block_mask: torch.Tensor | None) -> bool:
