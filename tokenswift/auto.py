@@ -1,7 +1,7 @@
 """Cost-aware drafting (`tree="auto"`): the draft tree that maximizes expected tokens per second here.
 
 On a GPU verifying 100 nodes costs about one step, so the paper's fixed 40-node tree is nearly free. On a
-CPU every verified row costs a real fraction of a step (measured here: 8 rows about 1.8x one row at 1K
+CPU every verified row costs a real fraction of a step (measured here: 9 rows about 1.7x one row at 1K
 context), so the tree must be sized by what the machine charges and what the drafts are worth:
 
 * **Cost model** (`CostModel`): the time of verifying q rows (forward, logits and the per-row decision).
