@@ -12,6 +12,7 @@ thread, fp32 weights streamed from L3, microseconds for 1 / 4 / 8 rows): gate/up
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -21,8 +22,8 @@ MAX_ROWS = 16  # beyond this (big trees, prefill chunks) oneDNN / MKL are as goo
 AMX_ENV = "TOKENSWIFT_AMX"  # "0": float32 panels even where AMX could serve (comparisons)
 AMX_MAX_K = 4096
 # AMX over float32 panels, measured here (one thread, microseconds for 1 / 4 / 9 / 12 rows): q/k/v 640x384
-# 11.5 / 16.1 / 28.1 / 39.2 -> 7.2 / 9.5 / 16.3 / 21.8; gate/up 2048x384 137 / 146 / 145 / 147 -> 33 / 41 / 54 / 81;
-# down 384x1024 24 / 33 / 62 / 73 -> 15 / 18 / 35 / 47; LM head 8192x384 516 / 516 / 536 / 549 -> 319 / 337 / 394 / 456.
+# 11.5 / 16.1 / 28.1 / 39.2 -> 7.2 / 7.6 / 14.5 / 19.6; gate/up 2048x384 137 / 146 / 145 / 147 -> 22 / 24 / 45 / 64;
+# down 384x1024 24 / 33 / 62 / 73 -> 14 / 15 / 27 / 39; LM head 8192x384 516 / 516 / 536 / 549 -> 292 / 303 / 348 / 405.
 _VOID = ctypes.c_void_p
 _INT = ctypes.c_int
 
@@ -34,8 +35,6 @@ def _function():
 
 def _amx_function():
     """The AMX kernel, or None (no AMX, no permission for its tile state, or TOKENSWIFT_AMX=0)."""
-    import os
-
     if os.environ.get(AMX_ENV, "1") == "0":
         return None
     return build.function("panel_amx", _INT, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _amx_self_check, "torch.mm")
@@ -54,7 +53,7 @@ def why_unavailable() -> str:
 
 
 class PanelMatrix:
-    """W (N, K) laid out for a native few-row kernel; `(x)` computes x @ W^T for x (T <= MAX_ROWS, K) float32.
+    """W (N, K) laid out for a native kernel; `(x)` computes x @ W^T for x (T, K) float32 (T <= MAX_ROWS on panels).
 
     kind 0: N / 32 float32 panels of (K, 32) for panel_mm.c. kind 1: bfloat16 B tiles for panel_amx.c, where
     W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes)."""
