@@ -20,6 +20,7 @@ class KVCache:
         shape = (num_kv_heads, capacity, head_dim)
         self.k = [torch.empty(shape, dtype=dtype, device=d) for d in devices]
         self.v = [torch.empty(shape, dtype=dtype, device=d) for d in devices]
+        self.native_pointers = None  # the buffers' addresses for the native kernels (tokenswift.native.layers), once asked
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: (Hkv, T, d) written to slots [start, start + T)."""

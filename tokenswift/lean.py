@@ -174,6 +174,7 @@ class LeanModel:
         # SiLU too, so a row is computed the same way by either path.
         self.native_stack = native_layers.NativeStack.build(self)
         self.native_elementwise = device.type == "cpu" and self.compute_dtype == torch.float32 and native_layers.available()
+        self.native_silu = self.native_elementwise and all(native_layers.is_silu(layer.act) for layer in self.layers)
 
     def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
         dtype = self.compute_dtype
@@ -238,7 +239,7 @@ class LeanModel:
             h = h + layer.o(o.transpose(0, 1).reshape(t, hq * d).to(h.dtype))
             x = self.norm_rows(h, layer.post_norm)
             gate_up = layer.gate_up(x)
-            act = native_layers.silu_mul(gate_up) if self.native_elementwise and native_layers.is_silu(layer.act) else None
+            act = native_layers.silu_mul(gate_up) if self.native_silu else None
             if act is None:
                 gate, up = gate_up.split(self.intermediate, dim=-1)
                 act = layer.act(gate) * up

@@ -3,7 +3,7 @@
    Why: on a CPU the lean step's arithmetic for one token is a few milliseconds of weight streaming
    (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
-   2-vCPU Xeon, about a quarter of an AR step. Here those parts are plain loops over a few rows, and the
+   2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
    products call the same kernels as the PyTorch path (panel_mm.c or panel_amx.c, as each matrix is laid
    out, and attend_rows.c), so the step computes the same function.
 
@@ -87,14 +87,20 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* y (t, n) = x (t, k) @ W^T through the kernel W is laid out for. */
-static int product(const void *w, int kind, const float *x, float *y, int t, int k, int n) {
+/* y (t, n) = x (t, k) @ W^T through the kernel W is laid out for; its seconds are added to parts[1] (parts
+   non-NULL). */
+static int product(const void *w, int kind, const float *x, float *y, int t, int k, int n, double *parts) {
+    double t0 = parts ? now() : 0.0;
+    int code = -3;
 #if HAVE_AMX
-    if (kind == 1) return panel_amx(x, (const uint16_t *)w, y, t, k, n);
+    if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n);
 #endif
-    if (kind != 0) return -3;
-    panel_mm(x, (const float *)w, y, t, k, n);
-    return 0;
+    if (kind == 0) {
+        panel_mm(x, (const float *)w, y, t, k, n);
+        code = 0;
+    }
+    if (parts) parts[1] += now() - t0;
+    return code;
 }
 
 /* h: (t, hidden) residual stream, updated in place through every layer. cos, sin: (t, d) rotary tables of
@@ -120,10 +126,8 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
     for (int l = 0; l < layers; l++) {
         const layer_weights *w = weights + l;
         rms_norm_rows(h, w->in_norm, x, t, hidden, eps);
-        double t0 = parts ? now() : 0.0;
-        int code = product(w->qkv, w->kinds[0], x, qkv, t, hidden, nqkv);
+        int code = product(w->qkv, w->kinds[0], x, qkv, t, hidden, nqkv, parts);
         if (code) return code;
-        if (parts) parts[1] += now() - t0;
         if (w->qkv_bias)
             for (int r = 0; r < t; r++)
                 for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] = qkv[(size_t)r * nqkv + i] + w->qkv_bias[i];
@@ -138,25 +142,19 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
                 memcpy(vc + kv * head_stride + (size_t)(start + r) * d, row + (size_t)(hq + hkv + kv) * d, d * sizeof(float));
             }
         }
-        t0 = parts ? now() : 0.0;
+        double t0 = parts ? now() : 0.0;
         code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask);
         if (code) return code;
         if (parts) parts[0] += now() - t0;
         for (int r = 0; r < t; r++)  /* (hq, t, d) -> (t, hq d) */
             for (int j = 0; j < hq; j++)
                 memcpy(o_in + ((size_t)r * hq + j) * d, att + ((size_t)j * t + r) * d, d * sizeof(float));
-        t0 = parts ? now() : 0.0;
-        if ((code = product(w->o, w->kinds[1], o_in, y, t, hq * d, hidden))) return code;
-        if (parts) parts[1] += now() - t0;
+        if ((code = product(w->o, w->kinds[1], o_in, y, t, hq * d, hidden, parts))) return code;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
         rms_norm_rows(h, w->post_norm, x, t, hidden, eps);
-        t0 = parts ? now() : 0.0;
-        if ((code = product(w->gate_up, w->kinds[2], x, gu, t, hidden, 2 * inter))) return code;
-        if (parts) parts[1] += now() - t0;
+        if ((code = product(w->gate_up, w->kinds[2], x, gu, t, hidden, 2 * inter, parts))) return code;
         silu_mul_rows(gu, act, t, inter);
-        t0 = parts ? now() : 0.0;
-        if ((code = product(w->down, w->kinds[3], act, y, t, inter, hidden))) return code;
-        if (parts) parts[1] += now() - t0;
+        if ((code = product(w->down, w->kinds[3], act, y, t, inter, hidden, parts))) return code;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
     }
     return 0;

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 
 import torch
 
@@ -73,20 +72,31 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return y
 
 
+def cache_pointers(cache):
+    """The (k, v) arrays of a KVCache's per-layer buffer addresses, or None where the kernels cannot use its buffers
+    (not float32 contiguous buffers on the CPU). Kept on the cache: its buffers are allocated once."""
+    if cache.native_pointers is None:
+        buffers = cache.k + cache.v
+        if all(x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() for x in buffers):
+            layers = len(cache.k)
+            cache.native_pointers = ((_P * layers)(*[x.data_ptr() for x in cache.k]),
+                                     (_P * layers)(*[x.data_ptr() for x in cache.v]))
+        else:
+            cache.native_pointers = False
+    return cache.native_pointers or None
+
+
 def move_slots(cache, src_slots: list[int], dst_start: int) -> bool:
-    """KVCache.compact in one native call (float32 CPU buffers, ascending slots with src[i] >= dst + i, as an
-    accepted path gives them); False where it cannot serve (the caller then moves them with PyTorch)."""
+    """KVCache.compact in one native call (ascending slots with src[i] >= dst + i, as an accepted path gives them);
+    False where it cannot serve (the caller then moves them with PyTorch)."""
     lib = _library()
-    k0 = cache.k[0]
-    if (lib is None or k0.dtype != torch.float32 or k0.device.type != "cpu" or any(not x.is_contiguous() for x in cache.k)
-            or any(not x.is_contiguous() for x in cache.v) or len({x.device for x in cache.k}) != 1
-            or any(s < dst_start + i or (i and s <= src_slots[i - 1]) for i, s in enumerate(src_slots))):
+    pointers = cache_pointers(cache) if lib is not None else None
+    if pointers is None or any(s < dst_start + i or (i and s <= src_slots[i - 1]) for i, s in enumerate(src_slots)):
         return False
-    layers = len(cache.k)
-    k = (_P * layers)(*[x.data_ptr() for x in cache.k])
-    v = (_P * layers)(*[x.data_ptr() for x in cache.v])
+    k0 = cache.k[0]
     src = (ctypes.c_long * len(src_slots))(*src_slots)
-    lib.move_slots(k, v, layers, k0.shape[0], k0.shape[1] * k0.shape[2], k0.shape[2], src, len(src_slots), dst_start)
+    lib.move_slots(*pointers, len(cache.k), k0.shape[0], k0.shape[1] * k0.shape[2], k0.shape[2], src, len(src_slots),
+                   dst_start)
     return True
 
 
@@ -98,7 +108,6 @@ class NativeStack:
     """Every decoder layer of a lean model for up to 16 new tokens in one call (see layer_rows.c)."""
 
     def __init__(self, lean, lib) -> None:
-        self._lib = lib
         self._run = lib.layer_rows
         layers = lean.layers
         self.weights = (_LayerWeights * len(layers))()
@@ -109,7 +118,6 @@ class NativeStack:
                                             *[m.panels.data_ptr() for m in matrices],
                                             None if bias is None else bias.data_ptr(),
                                             (_INT * 4)(*[m.kind for m in matrices]))
-        self._keep = [layer.qkv.bias for layer in layers]  # the bias tensors the pointers refer to
         self.num_layers = len(layers)
         self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, lean.num_heads, lean.num_kv_heads, lean.head_dim
         self.inter, self.eps, self.scale = lean.intermediate, lean.eps, float(lean.scaling)
@@ -148,23 +156,18 @@ class NativeStack:
         rows = t * (self.hq // self.hkv)
         return t <= PANEL_MAX_ROWS and (rows <= NATIVE_ROWS or (keys <= NATIVE_SHORT_KEYS and rows <= NATIVE_SHORT_ROWS))
 
-    def _pointers(self, cache):
-        # per thread, by identity of a live object: a new cache may reuse a dead one's id and some of its addresses
-        held = getattr(self._local, "cache", None)
-        if held is None or held[0]() is not cache:
-            k = (_P * self.num_layers)(*[x.data_ptr() for x in cache.k])
-            v = (_P * self.num_layers)(*[x.data_ptr() for x in cache.v])
-            held = self._local.cache = (weakref.ref(cache), (k, v))
-        return held[1]
-
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
             block_mask: torch.Tensor | None) -> bool:
         """h (T, hidden) float32 contiguous, updated in place; cos, sin (T, d) contiguous; cache a KVCache of
-        float32 CPU buffers (Hkv, capacity, d). False (h untouched) where the kernel declined."""
+        float32 CPU buffers (Hkv, capacity, d). False where the kernels declined (then h and the new tokens' cache
+        slots may be partly written: the caller runs the PyTorch path from the start)."""
         t = h.shape[0]
         if start + t > cache.capacity:
             raise RuntimeError(f"KV cache overflow: need {start + t} slots, capacity is {cache.capacity}")
-        k_ptrs, v_ptrs = self._pointers(cache)
+        pointers = cache_pointers(cache)
+        if pointers is None:
+            return False
+        k_ptrs, v_ptrs = pointers
         mask = None
         if block_mask is not None:
             mask = block_mask.to(torch.uint8).contiguous()
