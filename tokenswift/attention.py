@@ -32,10 +32,11 @@ _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 #   16K keys: 1 token 2,625 / 1,481, 4 tokens 3,420 / 3,101, 8 tokens 4,202 / 5,362 (PyTorch's flash kernel wins).
 # With keys transposed in registers for several tokens: 4K keys, 4 / 8 / 16 tokens 450 / 358, 667 / 553,
 # 1,106 / 1,051; 16K keys, 4 / 8 tokens 1,552 / 1,583, 2,184 / 2,851 (PyTorch's split form still wins there).
-NATIVE_ROWS = 12  # stacked rows (group size x new tokens) up to which the native kernel serves at any length
-NATIVE_SHORT_KEYS = 8192  # ... and up to NATIVE_SHORT_ROWS rows over at most this many keys (8K keys, 8 / 12 tokens:
-#                           1,203 / 1,572 us native, 1,206 / 1,920 split; 16K keys, 6 tokens: 2,002 native, 1,917 split)
-NATIVE_SHORT_ROWS = 48
+# Since the values are taken in chunks that every group of rows reads while cached (read from memory once), the
+# native kernel wins at every length (ms for 8 layers, PyTorch's split form / native): 4K keys, 4 / 8 / 16 tokens
+# 9.7 / 5.4, 12.0 / 8.7, 17.5 / 14.8; 9K keys 19.9 / 12.7, 25.1 / 21.8, 36.3 / 28.1; 16K keys 29.8 / 23.1,
+# 37.0 / 33.2, 72.8 / 62.8 (`attend` with each routing forced, one thread).
+NATIVE_ROWS = 48  # stacked rows (group size x new tokens) up to which the native kernel serves, at any length
 
 
 def attend(
@@ -60,7 +61,7 @@ def attend(
     qs = q.reshape(hkv, g * t, d)  # (Hkv, g*T, d): query heads of a group stacked as rows
     prefix = s - t
     rows = g * t
-    if extra_mask is None and (rows <= NATIVE_ROWS or (s <= NATIVE_SHORT_KEYS and rows <= NATIVE_SHORT_ROWS)):
+    if extra_mask is None and rows <= NATIVE_ROWS:
         out = rows_attention.attend_rows(qs, k, v, scale, t, block_mask)
         if out is not None:
             return out.reshape(hq, t, d)

@@ -27,7 +27,7 @@ from .suffix import SuffixIndex
 from .codec import decode_ids, encode_text
 from .kinds import Method, PartialMode, Source
 from .validate import NGRAM_NODES, check_generation, validate_seed
-from .tree import AUTO, DraftTree, ancestor_mask, build_head_paths, parse_tree, tree_widths
+from .tree import AUTO, DraftTree, build_head_paths, parse_tree, tree_widths, verification_inputs
 
 METHODS = tuple(Method)
 PREFILL_CHUNK = 256
@@ -316,7 +316,7 @@ class _Run:
         self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
 
     # ---- helpers ---------------------------------------------------------------------------------------
-    def seen(self, extras: list[list[int]]) -> torch.Tensor | None:
+    def seen(self, extras: list[list[int]] | None) -> torch.Tensor | None:
         """(N, V) penalty windows of N rows whose drafted ancestors are `extras` (None: no penalty)."""
         if self.s.penalty == 1.0:
             return None
@@ -429,9 +429,10 @@ class _Run:
         if self.suffix is not None:
             self.suffix.extend(tokens)
 
-    def decide(self, logits: torch.Tensor, extras: list[list[int]], depths: list[int]) -> tuple[list[int], torch.Tensor | None]:
+    def decide(self, logits: torch.Tensor, extras: list[list[int]] | None, depths: list[int]) -> tuple[list[int], torch.Tensor | None]:
         """Every row's target token at once (argmax, or a sample with the uniform of its depth: the walk
-        reaches depth d only after d tokens were produced, so that node's token is the (d+1)-th draw)."""
+        reaches depth d only after d tokens were produced, so that node's token is the (d+1)-th draw).
+        extras: per row its drafted ancestors and itself, for the penalty window (None without a penalty)."""
         u = None
         if not self.s.greedy:
             ahead = self.uniforms.peek(max(depths) + 1)
@@ -643,9 +644,7 @@ class _Run:
 
         t = time.perf_counter()
         base = self.full.length  # slot of the root (the last accepted token)
-        tokens = torch.tensor(tree.tokens)
-        positions = base + torch.tensor(tree.depths)
-        mask = ancestor_mask(tree.parents) if len(tree) > 1 else None
+        tokens, positions, mask = verification_inputs(tree, base)
         h, queries = self.a.forward(tokens, positions, self.full, base, mask, capture_queries=self.partial is not None)
         logits = self.a.logits(h)  # (N, V)
         timings.verify_s = time.perf_counter() - t
@@ -654,7 +653,8 @@ class _Run:
         probs: torch.Tensor | None = None
         picks: list[int] = []
         if self.walk is exact_walk:
-            picks, probs = self.decide(logits, tree.ancestor_tokens(), tree.depths)
+            extras = tree.ancestor_tokens() if self.s.penalty != 1.0 else None  # only a penalty window reads them
+            picks, probs = self.decide(logits, extras, tree.depths)
             path, bonus = exact_walk(tree, picks.__getitem__)
             if not self.s.greedy:
                 self.uniforms.take(len(path) + 1)

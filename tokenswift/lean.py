@@ -215,7 +215,7 @@ class LeanModel:
         cos, sin = self.rope(pos)  # (T, 1, d)
         stack = self.native_stack
         if (stack is not None and not capture_queries and window_mask is None and type(cache) is KVCache
-                and stack.serves(t, start + t)):
+                and stack.serves(t)):
             # h is a fresh tensor (indexing copies): the stack updates it in place
             if stack.run(h, cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous(), cache, start, block_mask):
                 return h, []

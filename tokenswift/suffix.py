@@ -22,9 +22,12 @@ class SuffixIndex:
     def extend(self, tokens: list[int]) -> None:
         seq = self.tokens
         seq.extend(tokens)
+        ends, longest = self._ends, self.max_match
         for end in range(self._indexed, len(seq) - 1):  # the gram ending at `end` has a successor now
-            for m in range(1, min(self.max_match, end + 1) + 1):
-                self._ends[m][tuple(seq[end - m + 1 : end + 1])] = end
+            tail = tuple(seq[max(0, end - longest + 1) : end + 1])  # one slice; each gram is a slice of it
+            size = len(tail)
+            for m in range(1, size + 1):
+                ends[m][tail[size - m :]] = end
         self._indexed = max(self._indexed, len(seq) - 1)
 
     def lookup(self, length: int) -> tuple[int, list[int]]:
@@ -33,8 +36,10 @@ class SuffixIndex:
         close to the end (a loop of period p) continues periodically."""
         seq = self.tokens
         n = len(seq)
-        for m in range(min(self.max_match, n), 0, -1):
-            end = self._ends[m].get(tuple(seq[n - m :]))
+        tail = tuple(seq[max(0, n - self.max_match) :])
+        size = len(tail)
+        for m in range(size, 0, -1):
+            end = self._ends[m].get(tail[size - m :])
             if end is not None:
                 period = n - 1 - end
                 return m, [seq[end + 1 + (i % period)] for i in range(length)]

@@ -13,6 +13,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .kinds import Source
@@ -175,9 +176,19 @@ def build_head_paths(
 def ancestor_mask(parents: list[int]) -> torch.Tensor:
     """(N, N) bool: entry [i, j] is True when node j is node i or one of its ancestors."""
     n = len(parents)
-    rows: list[list[bool]] = []
-    for i, parent in enumerate(parents):  # parents always precede their children
-        row = rows[parent].copy() if parent >= 0 else [False] * n
-        row[i] = True
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.bool).reshape(n, n)  # one tensor op instead of two per node
+    mask = np.zeros((n, n), dtype=np.bool_)
+    for i, parent in enumerate(parents):  # parents always precede their children: a row is its parent's plus itself
+        if parent >= 0:
+            mask[i] = mask[parent]
+        mask[i, i] = True
+    return torch.from_numpy(mask)  # numpy rows, then no copy: a few microseconds where a nested list took ~15
+
+
+def verification_inputs(tree: "DraftTree", base: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A tree's verification pass inputs: token ids (N,), positions base + depth (N,) and the ancestor mask (None
+    for the root alone), from one numpy array (each small tensor made from a list costs ~5-20 us here)."""
+    both = np.array([tree.tokens, tree.depths], dtype=np.int64)  # (2, N)
+    both[1] += base
+    ids_positions = torch.from_numpy(both)
+    mask = ancestor_mask(tree.parents) if len(tree.tokens) > 1 else None
+    return ids_positions[0], ids_positions[1], mask

@@ -23,6 +23,18 @@
 #endif
 
 #define KEYS 16
+#ifndef VALUE_AHEAD
+#define VALUE_AHEAD 8  /* values prefetched this many keys ahead */
+#endif
+#ifndef KEY_AHEAD
+#define KEY_AHEAD 8  /* keys prefetched this many keys ahead (one new token) */
+#endif
+#ifndef BLOCK_AHEAD
+#define BLOCK_AHEAD 2  /* key blocks of 16 prefetched this many blocks ahead (several new tokens) */
+#endif
+#ifndef AHEAD_HINT
+#define AHEAD_HINT _MM_HINT_T0
+#endif
 
 /* Transpose a 16 x 16 tile held in 16 registers (rows in, columns out) in four shuffle stages. */
 static inline void transpose16(__m512 r[16]) {
@@ -60,9 +72,9 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
     for (int s0 = 0; s0 < s; s0 += KEYS) {
         int n = s - s0 < KEYS ? s - s0 : KEYS;
         const float *block = k + (size_t)s0 * d;
-        if (s0 + 2 * KEYS < s) {  /* the block after next, ahead of the stream (the cache comes from memory) */
-            const char *ahead = (const char *)(block + (size_t)2 * KEYS * d);
-            for (int line = 0; line < KEYS * d * 4; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        if (s0 + BLOCK_AHEAD * KEYS < s) {  /* a block ahead of the stream (the cache comes from memory) */
+            const char *ahead = (const char *)(block + (size_t)BLOCK_AHEAD * KEYS * d);
+            for (int line = 0; line < KEYS * d * 4; line += 64) _mm_prefetch(ahead + line, AHEAD_HINT);
         }
         for (int c = 0; c < d; c += 16) {
             __m512 tile[16];
@@ -112,10 +124,7 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
 static void scores_direct(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
     for (int j = 0; j < s; j++) {
         const float *key = k + (size_t)j * d;
-        _mm_prefetch((const char *)(key + 8 * d), _MM_HINT_T0);
-        _mm_prefetch((const char *)(key + 8 * d + 16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(key + 8 * d + 32), _MM_HINT_T0);
-        _mm_prefetch((const char *)(key + 8 * d + 48), _MM_HINT_T0);
+        for (int c = 0; c < d; c += 16) _mm_prefetch((const char *)(key + KEY_AHEAD * d + c), AHEAD_HINT);
         for (int r = 0; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
             __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(key));
@@ -152,28 +161,38 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad) {
     }
 }
 
-/* out[r] = sum_j p[r][j] v_j for a group of G rows with D16 = d / 16 registers each. */
+/* out[r] = sum_j p[r][j] v_j for groups of G rows with D16 = d / 16 registers each. The keys go in chunks of
+   VALUE_CHUNK: every group takes a chunk while it is still in the L1/L2 cache (the first group reads it from
+   memory), so the values are read from memory once however many groups there are; between chunks a group's
+   sums wait in `out`. Each row's sum runs over j in order whatever its group: the same for one row alone. */
+#define VALUE_CHUNK 128
 #define DEFINE_VALUES(NAME, G, D16)                                                                 \
 static void NAME(const float *p, const float *v, float *out, int rows, int s, int s_pad) {         \
-    for (int r0 = 0; r0 < rows; r0 += G) {                                                      \
-        int g = rows - r0 < G ? rows - r0 : G;                                                  \
-        __m512 acc[G][D16];                                                                     \
-        for (int a = 0; a < G; a++) for (int b = 0; b < D16; b++) acc[a][b] = _mm512_setzero_ps(); \
-        for (int j = 0; j < s; j++) {                                                           \
-            const float *vj = v + (size_t)j * D16 * 16;                                         \
-            if (r0 == 0) /* the first group reads the values from memory: 8 keys ahead */           \
-                for (int b = 0; b < D16; b += 4) _mm_prefetch((const char *)(vj + 8 * D16 * 16 + b * 16), _MM_HINT_T0); \
-            __m512 vv[D16];                                                                     \
-            for (int b = 0; b < D16; b++) vv[b] = _mm512_loadu_ps(vj + b * 16);                  \
-            for (int a = 0; a < G; a++) {                                                       \
-                if (a < g) {                                                                    \
-                    __m512 w = _mm512_set1_ps(p[(size_t)(r0 + a) * s_pad + j]);                  \
-                    for (int b = 0; b < D16; b++) acc[a][b] = _mm512_fmadd_ps(w, vv[b], acc[a][b]); \
+    for (int j0 = 0; j0 < s; j0 += VALUE_CHUNK) {                                               \
+        int j1 = s - j0 < VALUE_CHUNK ? s : j0 + VALUE_CHUNK;                                   \
+        for (int r0 = 0; r0 < rows; r0 += G) {                                                  \
+            int g = rows - r0 < G ? rows - r0 : G;                                              \
+            float *o = out + (size_t)r0 * D16 * 16;                                             \
+            __m512 acc[G][D16];                                                                 \
+            for (int a = 0; a < G; a++)                                                         \
+                for (int b = 0; b < D16; b++)                                                   \
+                    acc[a][b] = (j0 && a < g) ? _mm512_loadu_ps(o + (size_t)a * D16 * 16 + b * 16) : _mm512_setzero_ps(); \
+            for (int j = j0; j < j1; j++) {                                                     \
+                const float *vj = v + (size_t)j * D16 * 16;                                     \
+                if (r0 == 0) /* the first group reads the values from memory: some keys ahead */   \
+                    for (int b = 0; b < D16; b++) _mm_prefetch((const char *)(vj + VALUE_AHEAD * D16 * 16 + b * 16), AHEAD_HINT); \
+                __m512 vv[D16];                                                                 \
+                for (int b = 0; b < D16; b++) vv[b] = _mm512_loadu_ps(vj + b * 16);              \
+                for (int a = 0; a < G; a++) {                                                   \
+                    if (a < g) {                                                                \
+                        __m512 w = _mm512_set1_ps(p[(size_t)(r0 + a) * s_pad + j]);              \
+                        for (int b = 0; b < D16; b++) acc[a][b] = _mm512_fmadd_ps(w, vv[b], acc[a][b]); \
+                    }                                                                           \
                 }                                                                               \
             }                                                                                   \
+            for (int a = 0; a < g; a++)                                                         \
+                for (int b = 0; b < D16; b++) _mm512_storeu_ps(o + (size_t)a * D16 * 16 + b * 16, acc[a][b]); \
         }                                                                                       \
-        for (int a = 0; a < g; a++)                                                             \
-            for (int b = 0; b < D16; b++) _mm512_storeu_ps(out + (size_t)(r0 + a) * D16 * 16 + b * 16, acc[a][b]); \
     }                                                                                           \
 }
 DEFINE_VALUES(values_d64, 6, 4)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
+import numpy as np
 import torch
 
 from ..sampling import decide_rows as reference_decide_rows, seen_rows
@@ -37,8 +38,9 @@ def decide_rows(logits: torch.Tensor, history: torch.Tensor, n: int, window: int
                 want_probs: bool) -> tuple[list[int], torch.Tensor | None] | None:
     """The same decision as `sampling.decide_rows(logits, seen_rows(history, n, window, extras, V), ...)`:
     logits (N, V); history: int64 token ids, of which the first n are committed; extras[r]: row r's drafted
-    ancestors and itself; uniforms (N,) float64 (ignored when greedy). Returns (tokens, (N, V) probabilities
-    or None unless `want_probs`), or None where the kernel cannot serve."""
+    ancestors and itself (may be None when settings.penalty is 1: no window is read); uniforms (N,) float64
+    (ignored when greedy). Returns (tokens, (N, V) probabilities or None unless `want_probs`), or None where
+    the kernel cannot serve."""
     kernel = _function()
     if (kernel is None or not serves(settings) or logits.dtype != torch.float32 or logits.device.type != "cpu"
             or history.dtype != torch.int64 or logits.dim() != 2):
@@ -47,38 +49,56 @@ def decide_rows(logits: torch.Tensor, history: torch.Tensor, n: int, window: int
     greedy = settings.greedy
     if not greedy and (uniforms is None or uniforms.numel() != rows):
         return None
-    logits = logits.contiguous()
-    history = history.contiguous()
-    offsets = [0]
-    for extra in extras:
-        offsets.append(offsets[-1] + len(extra))
-    # one int64 buffer: rows + 1 offsets, then the extras back to back
-    packed = torch.tensor(offsets + [tok for extra in extras for tok in extra], dtype=torch.int64)
-    extras_ptr = packed.data_ptr() + 8 * (rows + 1)
-    u = uniforms.to(torch.float64).contiguous() if not greedy else None
-    tokens = torch.empty(rows, dtype=torch.int64)
+    if not logits.is_contiguous():
+        logits = logits.contiguous()
+    if not history.is_contiguous():
+        history = history.contiguous()
+    work = _work(vocab, rows)
+    offsets_ptr = extras_ptr = None
+    if settings.penalty != 1.0:  # one int64 buffer: rows + 1 offsets, then the extras back to back
+        flat = [tok for extra in extras for tok in extra]
+        if len(flat) + rows + 1 > work.ints.shape[0]:
+            work.ints = np.empty(2 * (len(flat) + rows + 1), dtype=np.int64)
+        ints = work.ints
+        ints[0] = 0
+        np.cumsum([len(extra) for extra in extras], out=ints[1 : rows + 1])
+        ints[rows + 1 : rows + 1 + len(flat)] = flat
+        offsets_ptr = ints.ctypes.data
+        extras_ptr = offsets_ptr + 8 * (rows + 1)
+    u = None
+    if not greedy:
+        u = uniforms if uniforms.dtype == torch.float64 and uniforms.is_contiguous() else uniforms.to(torch.float64).contiguous()
     probs = torch.empty(rows, vocab, dtype=torch.float32) if want_probs else None
-    scratch, mark = _scratch(vocab)
-    code = kernel(logits.data_ptr(), rows, vocab, history.data_ptr(), int(n), int(window), extras_ptr,
-                  packed.data_ptr(), float(settings.penalty), int(greedy),
-                  float(settings.temperature if not greedy else 1.0), float(settings.min_p),
-                  u.data_ptr() if u is not None else None, tokens.data_ptr(),
-                  probs.data_ptr() if probs is not None else None, scratch.data_ptr(), mark.data_ptr())
+    code = kernel(logits.data_ptr(), rows, vocab, history.data_ptr(), int(n), int(window), extras_ptr, offsets_ptr,
+                  float(settings.penalty), int(greedy), float(settings.temperature if not greedy else 1.0),
+                  float(settings.min_p), u.data_ptr() if u is not None else None, work.tokens_ptr,
+                  probs.data_ptr() if probs is not None else None, work.scratch_ptr, work.mark_ptr)
     if code != 0:
         return None
-    return tokens.tolist(), probs
+    return work.tokens[:rows].tolist(), probs
 
 
-_buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+class _Work:
+    """Buffers a thread's decisions reuse (made once per vocabulary size and thread): the kernel's float row and
+    byte mark per token, the chosen tokens, and the packed penalty extras (grown when a tree needs more)."""
+
+    def __init__(self, vocab: int, rows: int) -> None:
+        self.vocab = vocab
+        self.scratch = np.empty(vocab, dtype=np.float32)
+        self.mark = np.empty(vocab, dtype=np.uint8)
+        self.tokens = np.empty(max(64, rows), dtype=np.int64)
+        self.ints = np.empty(1024, dtype=np.int64)
+        self.scratch_ptr, self.mark_ptr, self.tokens_ptr = (a.ctypes.data for a in (self.scratch, self.mark, self.tokens))
 
 
-def _scratch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-vocabulary work buffers (a float row and a byte mark per token), made once. The engine decides
-    from one thread (its executor); a thread-local copy keeps other callers safe too."""
-    key = (vocab, threading.get_ident())
-    if key not in _buffers:
-        _buffers[key] = (torch.empty(vocab, dtype=torch.float32), torch.empty(vocab, dtype=torch.uint8))
-    return _buffers[key]
+_local = threading.local()  # the engine decides from one thread (its executor); other callers get their own buffers
+
+
+def _work(vocab: int, rows: int) -> _Work:
+    work = getattr(_local, "work", None)
+    if work is None or work.vocab != vocab or work.tokens.shape[0] < rows:
+        work = _local.work = _Work(vocab, rows)
+    return work
 
 
 def _self_check() -> bool:

@@ -148,13 +148,12 @@ class NativeStack:
             return None
         return cls(lean, lib)
 
-    def serves(self, t: int, keys: int) -> bool:
-        """True for t new tokens over `keys` keys in all (cache and new) where the attention would take the native
-        kernel too (attention.attend's routing): then this call computes exactly what the PyTorch path would."""
-        from ..attention import NATIVE_ROWS, NATIVE_SHORT_KEYS, NATIVE_SHORT_ROWS
+    def serves(self, t: int) -> bool:
+        """True for t new tokens where the attention would take the native kernel too (attention.attend's routing,
+        at any context length): then this call computes exactly what the PyTorch path would."""
+        from ..attention import NATIVE_ROWS
 
-        rows = t * (self.hq // self.hkv)
-        return t <= PANEL_MAX_ROWS and (rows <= NATIVE_ROWS or (keys <= NATIVE_SHORT_KEYS and rows <= NATIVE_SHORT_ROWS))
+        return t <= PANEL_MAX_ROWS and t * (self.hq // self.hkv) <= NATIVE_ROWS
 
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
             block_mask: torch.Tensor | None) -> bool:
@@ -169,8 +168,9 @@ class NativeStack:
             return False
         k_ptrs, v_ptrs = pointers
         mask = None
-        if block_mask is not None:
-            mask = block_mask.to(torch.uint8).contiguous()
+        if block_mask is not None:  # bool is one byte: a contiguous bool mask is read as bytes without a copy
+            mask = block_mask.contiguous()
+            mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
         code = self._run(h.data_ptr(), t, self.num_layers, self.weights, cos.data_ptr(), sin.data_ptr(), k_ptrs, v_ptrs,
                          cache.capacity * self.d, start, None if mask is None else mask.data_ptr(), self.hidden,
                          self.hq, self.hkv, self.d, self.inter, self.eps, self.scale, self.scratch.data_ptr(), self.parts)
