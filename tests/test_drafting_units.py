@@ -107,27 +107,11 @@ def test_cost_model_interpolates_and_follows_observations():
     assert abs(costs.cost(8) - 1.65) < 1e-9 and costs.cost(64) > 4.0
     costs.observe(1, 0.5, 0.0, rate=1.0)  # a cheaper one-row step than probed: the yardstick follows it
     assert costs.cost(1) == 0.5 and all(b >= a for a, b in zip(costs.seconds, costs.seconds[1:]))
-    costs.rows, costs.seconds = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0]
-    plain_overhead = costs.overhead
+    costs.rows, costs.seconds, costs._seen_overhead = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0], False
     for _ in range(100):
         costs.observe(8, 3.3, 0.5)  # this machine turns out twice as slow around 8 rows
-    assert 3.0 < costs.cost(8) < 3.5 and abs(costs.draft_overhead - 0.5) < 1e-6
-    # a drafted iteration's other time (tree, walk, bookkeeping) is kept apart from a plain one's
-    assert costs.overhead == plain_overhead and costs.overhead_for(1) == plain_overhead
-    assert costs.overhead_for(8) == costs.draft_overhead
+    assert 3.0 < costs.cost(8) < 3.5 and abs(costs.overhead - 0.5) < 1e-6
     assert costs.needs_probe(2148) and not costs.needs_probe(2000)
-
-
-def test_drafting_pays_its_own_overhead():
-    """A plan is charged what a drafted iteration costs beyond its rows (measured apart from a plain one's): a
-    draft that would pay on rows alone is declined when drafting's bookkeeping eats the gain."""
-    costs = CostModel()
-    costs.rows, costs.seconds, costs.probed_context = [1, 4, 12], [1.0, 1.1, 1.5], 100
-    costs.observe(1, 1.0, 0.05)
-    reach = [1.0, 0.3]
-    assert choose(reach, [0, 1], costs, min_gain=1.0).keep == [1]  # 1.3 tokens for ~1.08 steps
-    costs.observe(2, 1.03, 0.5)  # drafted iterations turn out to spend 0.5 beyond their rows
-    assert choose(reach, [0, 1], costs, min_gain=1.0).keep == []
 
 
 def test_one_slow_first_step_does_not_price_rows_out_for_the_run():

@@ -64,9 +64,7 @@ class CostModel:
         self.rows: list[int] = []
         self.seconds: list[float] = []
         self.probed_context = 0
-        self.overhead = 0.0  # planning + bookkeeping beyond the verification of a plain (one-row) iteration, EMA
-        self.draft_overhead = None  # the same for iterations that verified drafts (a tree to build, a walk, more
-        #                             bookkeeping: about 0.3 ms more in Python here), EMA; None until one ran
+        self.overhead = 0.0  # drafting + bookkeeping beyond the verification, EMA
         self._seen_overhead = False
         self._plain: list[float] = []  # before the first probe: the latest one-row times (the prior's yardstick)
 
@@ -116,12 +114,6 @@ class CostModel:
         slope = (sec[-1] - sec[-2]) / (rows[-1] - rows[-2])
         return sec[-1] + slope * (q - rows[-1])
 
-    def overhead_for(self, q: int) -> float:
-        """The other time of an iteration that verifies q rows: a plain one's, or a drafted one's once measured."""
-        if q <= 1 or self.draft_overhead is None:
-            return self.overhead
-        return self.draft_overhead
-
     def observe(self, q: int, verify_s: float, other_s: float, rate: float = 0.1) -> None:
         """One iteration's measured verification time for q rows and its other time (drafting, bookkeeping)."""
         if q == 1 or not self.rows:  # before the first probe the prior follows the plain steps (seed)
@@ -136,12 +128,7 @@ class CostModel:
                     self.seconds[i] *= factor
             for i in range(1, len(self.seconds)):  # more rows never cost less
                 self.seconds[i] = max(self.seconds[i], self.seconds[i - 1])
-        if q > 1:
-            if self.draft_overhead is None:
-                self.draft_overhead = other_s
-            else:
-                self.draft_overhead += rate * (other_s - self.draft_overhead)
-        elif not self._seen_overhead:
+        if not self._seen_overhead:
             self.overhead, self._seen_overhead = other_s, True
         else:
             self.overhead += rate * (other_s - self.overhead)
@@ -217,13 +204,12 @@ def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: in
     that rate is at least `min_gain` (default MIN_GAIN) times a plain step's."""
     min_gain = MIN_GAIN if min_gain is None else min_gain
     order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
-    plain_s = costs.cost(1) + costs.overhead_for(1)
+    plain_s = costs.cost(1) + costs.overhead
     best_q, best_rate, best_tokens, best_s = 0, 1.0 / plain_s, 1.0, plain_s
     tokens = 1.0
-    drafted_overhead = costs.overhead_for(2)
     for q in range(1, len(order) + 1):
         tokens += calibration * reach[order[q - 1]]
-        seconds = costs.cost(q + 1) + drafted_overhead
+        seconds = costs.cost(q + 1) + costs.overhead
         rate = tokens / seconds
         if rate > best_rate:
             best_q, best_rate, best_tokens, best_s = q, rate, tokens, seconds
