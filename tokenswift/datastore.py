@@ -48,15 +48,9 @@ class Datastore:
 
     def lookup(self, context: list[int]) -> tuple[int, tuple[tuple[int, float], ...]]:
         """(order n, continuations) for the longest n whose last-n-token context is stored; (0, ()) if none."""
-        key, size = 0, 0  # the packed last-n-token keys, built from the end (n = 1, 2, ...): one shift and or each
-        keys = {}
-        for tok in reversed(context[-ORDERS[0]:]):
-            key |= tok << (20 * size)
-            size += 1
-            keys[size] = key
         for n in ORDERS:
-            if n <= size:
-                found = self.tables[n].get(keys[n])
+            if len(context) >= n:
+                found = self.tables[n].get(_pack(context[-n:]))
                 if found:
                     return n, found
         return 0, ()
