@@ -15,12 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <immintrin.h>
 #include "vector_exp.h"
-
-#ifndef __AVX512F__
-#error "attend_rows needs AVX-512F"
-#endif
 
 #define KEYS 16
 #ifndef VALUE_AHEAD
@@ -36,9 +31,10 @@
 #define AHEAD_HINT _MM_HINT_T0
 #endif
 
+#if defined(__AVX512F__)
 /* Transpose a 16 x 16 tile held in 16 registers (rows in, columns out) in four shuffle stages. */
-static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
+static inline void transpose16(vf r[16]) {
+    vf t[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -53,9 +49,9 @@ static inline void transpose16(__m512 r[16]) {
     }
     /* r[4i + j] now holds, for rows 4i..4i+3, column j of each 128-bit lane: combine lanes across row groups */
     for (int j = 0; j < 4; j++) {
-        __m512 a = r[j], b = r[4 + j], c = r[8 + j], d = r[12 + j];
-        __m512 ab_lo = _mm512_shuffle_f32x4(a, b, 0x88), ab_hi = _mm512_shuffle_f32x4(a, b, 0xDD);
-        __m512 cd_lo = _mm512_shuffle_f32x4(c, d, 0x88), cd_hi = _mm512_shuffle_f32x4(c, d, 0xDD);
+        vf a = r[j], b = r[4 + j], c = r[8 + j], d = r[12 + j];
+        vf ab_lo = _mm512_shuffle_f32x4(a, b, 0x88), ab_hi = _mm512_shuffle_f32x4(a, b, 0xDD);
+        vf cd_lo = _mm512_shuffle_f32x4(c, d, 0x88), cd_hi = _mm512_shuffle_f32x4(c, d, 0xDD);
         t[j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
         t[8 + j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
         t[4 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
@@ -63,12 +59,38 @@ static inline void transpose16(__m512 r[16]) {
     }
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
+#else
+/* AVX2: keys block[0..n) (n <= 16, a row stride of d floats) transposed into kt[(c) * KEYS + i] for every
+   column c < d, zero for i >= n: 8 x 8 tiles in registers. */
+static inline void transpose_keys(const float *block, int n, int d, float *kt) {
+    for (int c = 0; c < d; c += 8)
+        for (int i0 = 0; i0 < KEYS; i0 += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i0 + i < n ? _mm256_loadu_ps(block + (size_t)(i0 + i) * d + c) : _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);  /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+            }
+            for (int i = 0; i < 2; i++) {  /* rows 4i..4i+3: columns (0 | 4), (1 | 5), (2 | 6), (3 | 7) */
+                u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+                u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+                u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+                u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+            }
+            for (int j = 0; j < 4; j++) {
+                _mm256_store_ps(kt + (size_t)(c + j) * KEYS + i0, _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+                _mm256_store_ps(kt + (size_t)(c + 4 + j) * KEYS + i0, _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+            }
+        }
+}
+#endif
 
 /* scores[r][0..s) = scale * q_r . k_j, keys transposed 16 at a time (in registers) into a small buffer so
    that every query row takes 16 scores per fused multiply-add. */
 static void scores_of(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
     float kt[128 * KEYS] __attribute__((aligned(64)));
-    const __m512 sc = _mm512_set1_ps(scale);
+    const vf sc = vf_set1(scale);
     for (int s0 = 0; s0 < s; s0 += KEYS) {
         int n = s - s0 < KEYS ? s - s0 : KEYS;
         const float *block = k + (size_t)s0 * d;
@@ -76,45 +98,49 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
             const char *ahead = (const char *)(block + (size_t)BLOCK_AHEAD * KEYS * d);
             for (int line = 0; line < KEYS * d * 4; line += 64) _mm_prefetch(ahead + line, AHEAD_HINT);
         }
+#if defined(__AVX512F__)
         for (int c = 0; c < d; c += 16) {
-            __m512 tile[16];
-            for (int i = 0; i < 16; i++) tile[i] = i < n ? _mm512_loadu_ps(block + (size_t)i * d + c) : _mm512_setzero_ps();
+            vf tile[16];
+            for (int i = 0; i < 16; i++) tile[i] = i < n ? vf_loadu(block + (size_t)i * d + c) : vf_zero();
             transpose16(tile);
-            for (int j = 0; j < 16; j++) _mm512_store_ps(kt + (c + j) * KEYS, tile[j]);
+            for (int j = 0; j < 16; j++) vf_store(kt + (c + j) * KEYS, tile[j]);
         }
-        const __mmask16 keep = (__mmask16)((1u << n) - 1u);
+#else
+        transpose_keys(block, n, d, kt);
+#endif
+        const vmask keep = (vmask)((1u << n) - 1u);
         int r = 0;
         /* four rows at a time: each transposed key vector is loaded once for four rows, and the eight
            accumulator chains keep both FMA ports busy (per row the sums are the same as one row alone) */
         for (; r + 4 <= rows; r += 4) {
             const float *q0 = q + (size_t)r * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-            __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+            vf a0 = vf_zero(), a1 = vf_zero(), b0 = vf_zero(), b1 = vf_zero();
+            vf c0 = vf_zero(), c1 = vf_zero(), e0 = vf_zero(), e1 = vf_zero();
             for (int j = 0; j < d; j += 2) {
-                __m512 k0 = _mm512_load_ps(kt + j * KEYS), k1 = _mm512_load_ps(kt + (j + 1) * KEYS);
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[j]), k0, a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[j + 1]), k1, a1);
-                b0 = _mm512_fmadd_ps(_mm512_set1_ps(q1[j]), k0, b0);
-                b1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[j + 1]), k1, b1);
-                c0 = _mm512_fmadd_ps(_mm512_set1_ps(q2[j]), k0, c0);
-                c1 = _mm512_fmadd_ps(_mm512_set1_ps(q2[j + 1]), k1, c1);
-                e0 = _mm512_fmadd_ps(_mm512_set1_ps(q3[j]), k0, e0);
-                e1 = _mm512_fmadd_ps(_mm512_set1_ps(q3[j + 1]), k1, e1);
+                vf k0 = vf_load(kt + j * KEYS), k1 = vf_load(kt + (j + 1) * KEYS);
+                a0 = vf_fmadd(vf_set1(q0[j]), k0, a0);
+                a1 = vf_fmadd(vf_set1(q0[j + 1]), k1, a1);
+                b0 = vf_fmadd(vf_set1(q1[j]), k0, b0);
+                b1 = vf_fmadd(vf_set1(q1[j + 1]), k1, b1);
+                c0 = vf_fmadd(vf_set1(q2[j]), k0, c0);
+                c1 = vf_fmadd(vf_set1(q2[j + 1]), k1, c1);
+                e0 = vf_fmadd(vf_set1(q3[j]), k0, e0);
+                e1 = vf_fmadd(vf_set1(q3[j + 1]), k1, e1);
             }
             float *out = scores + (size_t)r * s_pad + s0;
-            _mm512_mask_storeu_ps(out, keep, _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
-            _mm512_mask_storeu_ps(out + s_pad, keep, _mm512_mul_ps(_mm512_add_ps(b0, b1), sc));
-            _mm512_mask_storeu_ps(out + 2 * (size_t)s_pad, keep, _mm512_mul_ps(_mm512_add_ps(c0, c1), sc));
-            _mm512_mask_storeu_ps(out + 3 * (size_t)s_pad, keep, _mm512_mul_ps(_mm512_add_ps(e0, e1), sc));
+            vf_mask_storeu(out, keep, vf_mul(vf_add(a0, a1), sc));
+            vf_mask_storeu(out + s_pad, keep, vf_mul(vf_add(b0, b1), sc));
+            vf_mask_storeu(out + 2 * (size_t)s_pad, keep, vf_mul(vf_add(c0, c1), sc));
+            vf_mask_storeu(out + 3 * (size_t)s_pad, keep, vf_mul(vf_add(e0, e1), sc));
         }
         for (; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+            vf a0 = vf_zero(), a1 = vf_zero();
             for (int j = 0; j < d; j += 2) {
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j]), _mm512_load_ps(kt + j * KEYS), a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[j + 1]), _mm512_load_ps(kt + (j + 1) * KEYS), a1);
+                a0 = vf_fmadd(vf_set1(qr[j]), vf_load(kt + j * KEYS), a0);
+                a1 = vf_fmadd(vf_set1(qr[j + 1]), vf_load(kt + (j + 1) * KEYS), a1);
             }
-            _mm512_mask_storeu_ps(scores + (size_t)r * s_pad + s0, keep, _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+            vf_mask_storeu(scores + (size_t)r * s_pad + s0, keep, vf_mul(vf_add(a0, a1), sc));
         }
     }
 }
@@ -127,9 +153,9 @@ static void scores_direct(const float *q, const float *k, float *scores, int row
         for (int c = 0; c < d; c += 16) _mm_prefetch((const char *)(key + KEY_AHEAD * d + c), AHEAD_HINT);
         for (int r = 0; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
-            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(key));
-            for (int c = 16; c < d; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + c), _mm512_loadu_ps(key + c), acc);
-            scores[(size_t)r * s_pad + j] = _mm512_reduce_add_ps(acc) * scale;
+            vf acc = vf_mul(vf_loadu(qr), vf_loadu(key));
+            for (int c = 16; c < d; c += 16) acc = vf_fmadd(vf_loadu(qr + c), vf_loadu(key + c), acc);
+            scores[(size_t)r * s_pad + j] = vf_reduce_add(acc) * scale;
         }
     }
 }
@@ -138,26 +164,26 @@ static void scores_direct(const float *q, const float *k, float *scores, int row
 static void softmax_rows(float *scores, int rows, int s, int s_pad) {
     for (int r = 0; r < rows; r++) {
         float *row = scores + (size_t)r * s_pad;
-        __m512 m = _mm512_set1_ps(-INFINITY);
+        vf m = vf_set1(-INFINITY);
         int j = 0;
-        for (; j + KEYS <= s; j += KEYS) m = _mm512_max_ps(m, _mm512_loadu_ps(row + j));
-        __mmask16 tail = (__mmask16)((1u << (s - j)) - 1u);
-        if (s - j) m = _mm512_mask_max_ps(m, tail, m, _mm512_maskz_loadu_ps(tail, row + j));
-        __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-        __m512 total = _mm512_setzero_ps();
+        for (; j + KEYS <= s; j += KEYS) m = vf_max(m, vf_loadu(row + j));
+        vmask tail = (vmask)((1u << (s - j)) - 1u);
+        if (s - j) m = vf_mask_max(m, tail, m, vf_maskz_loadu(tail, row + j));
+        vf peak = vf_set1(vf_reduce_max(m));
+        vf total = vf_zero();
         for (j = 0; j + KEYS <= s; j += KEYS) {
-            __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), peak));
-            _mm512_storeu_ps(row + j, e);
-            total = _mm512_add_ps(total, e);
+            vf e = exp_nonpositive(vf_sub(vf_loadu(row + j), peak));
+            vf_storeu(row + j, e);
+            total = vf_add(total, e);
         }
         if (s - j) {
-            __m512 e = _mm512_maskz_mov_ps(tail, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), peak)));
-            _mm512_mask_storeu_ps(row + j, tail, e);
-            total = _mm512_add_ps(total, e);
+            vf e = vf_maskz_mov(tail, exp_nonpositive(vf_sub(vf_maskz_loadu(tail, row + j), peak)));
+            vf_mask_storeu(row + j, tail, e);
+            total = vf_add(total, e);
         }
-        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-        for (j = 0; j + KEYS <= s; j += KEYS) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
-        if (s - j) _mm512_mask_storeu_ps(row + j, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), inv));
+        vf inv = vf_set1(1.0f / vf_reduce_add(total));
+        for (j = 0; j + KEYS <= s; j += KEYS) vf_storeu(row + j, vf_mul(vf_loadu(row + j), inv));
+        if (s - j) vf_mask_storeu(row + j, tail, vf_mul(vf_maskz_loadu(tail, row + j), inv));
     }
 }
 
@@ -173,30 +199,35 @@ static void NAME(const float *p, const float *v, float *out, int rows, int s, in
         for (int r0 = 0; r0 < rows; r0 += G) {                                                  \
             int g = rows - r0 < G ? rows - r0 : G;                                              \
             float *o = out + (size_t)r0 * D16 * 16;                                             \
-            __m512 acc[G][D16];                                                                 \
+            vf acc[G][D16];                                                                 \
             for (int a = 0; a < G; a++)                                                         \
                 for (int b = 0; b < D16; b++)                                                   \
-                    acc[a][b] = (j0 && a < g) ? _mm512_loadu_ps(o + (size_t)a * D16 * 16 + b * 16) : _mm512_setzero_ps(); \
+                    acc[a][b] = (j0 && a < g) ? vf_loadu(o + (size_t)a * D16 * 16 + b * 16) : vf_zero(); \
             for (int j = j0; j < j1; j++) {                                                     \
                 const float *vj = v + (size_t)j * D16 * 16;                                     \
                 if (r0 == 0) /* the first group reads the values from memory: some keys ahead */   \
                     for (int b = 0; b < D16; b++) _mm_prefetch((const char *)(vj + VALUE_AHEAD * D16 * 16 + b * 16), AHEAD_HINT); \
-                __m512 vv[D16];                                                                 \
-                for (int b = 0; b < D16; b++) vv[b] = _mm512_loadu_ps(vj + b * 16);              \
+                vf vv[D16];                                                                 \
+                for (int b = 0; b < D16; b++) vv[b] = vf_loadu(vj + b * 16);              \
                 for (int a = 0; a < G; a++) {                                                   \
                     if (a < g) {                                                                \
-                        __m512 w = _mm512_set1_ps(p[(size_t)(r0 + a) * s_pad + j]);              \
-                        for (int b = 0; b < D16; b++) acc[a][b] = _mm512_fmadd_ps(w, vv[b], acc[a][b]); \
+                        vf w = vf_set1(p[(size_t)(r0 + a) * s_pad + j]);              \
+                        for (int b = 0; b < D16; b++) acc[a][b] = vf_fmadd(w, vv[b], acc[a][b]); \
                     }                                                                           \
                 }                                                                               \
             }                                                                                   \
             for (int a = 0; a < g; a++)                                                         \
-                for (int b = 0; b < D16; b++) _mm512_storeu_ps(o + (size_t)a * D16 * 16 + b * 16, acc[a][b]); \
+                for (int b = 0; b < D16; b++) vf_storeu(o + (size_t)a * D16 * 16 + b * 16, acc[a][b]); \
         }                                                                                       \
     }                                                                                           \
 }
+#if defined(__AVX512F__)
 DEFINE_VALUES(values_d64, 6, 4)
 DEFINE_VALUES(values_d128, 3, 8)
+#else  /* 16 registers of 8 floats: one row's sums (8 or 16 of them) at a time */
+DEFINE_VALUES(values_d64, 1, 4)
+DEFINE_VALUES(values_d128, 1, 8)
+#endif
 
 int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,
                 int t, int s, int d, float scale, const unsigned char *block_mask) {

@@ -21,36 +21,31 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <immintrin.h>
 #include "vector_exp.h"
-
-#ifndef __AVX512F__
-#error "decide_rows needs AVX-512F"
-#endif
 
 #define LANES 16
 
-static inline __mmask16 tail_mask(int left) { return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u); }
+static inline vmask tail_mask(int left) { return left >= LANES ? (vmask)0xFFFF : (vmask)((1u << left) - 1u); }
 
 static float row_max(const float *x, int vocab) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
+    vf m = vf_set1(-INFINITY);
     for (int j = 0; j < vocab; j += LANES) {
-        __mmask16 k = tail_mask(vocab - j);
-        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + j));
+        vmask k = tail_mask(vocab - j);
+        m = vf_mask_max(m, k, m, vf_maskz_loadu(k, x + j));
     }
-    return _mm512_reduce_max_ps(m);
+    return vf_reduce_max(m);
 }
 
 /* e[j] = exp(scale * (x[j] - peak)) in place of out (out may be x); returns the float64 sum. */
 static double exp_shifted(const float *x, float *out, int vocab, float peak, float scale) {
-    const __m512 p = _mm512_set1_ps(peak), s = _mm512_set1_ps(scale);
+    const vf p = vf_set1(peak), s = vf_set1(scale);
     double total = 0.0;
     for (int j = 0; j < vocab; j += LANES) {
-        __mmask16 k = tail_mask(vocab - j);
-        __m512 v = _mm512_maskz_loadu_ps(k, x + j);
-        __m512 e = _mm512_maskz_mov_ps(k, exp_nonpositive(_mm512_mul_ps(_mm512_sub_ps(v, p), s)));
-        _mm512_mask_storeu_ps(out + j, k, e);
-        total += (double)_mm512_reduce_add_ps(e);
+        vmask k = tail_mask(vocab - j);
+        vf v = vf_maskz_loadu(k, x + j);
+        vf e = vf_maskz_mov(k, exp_nonpositive(vf_mul(vf_sub(v, p), s)));
+        vf_mask_storeu(out + j, k, e);
+        total += (double)vf_reduce_add(e);
     }
     return total;
 }
@@ -72,10 +67,10 @@ static int penalise(float *x, int vocab, const int64_t *history, long n, long wi
 }
 
 static int first_index_of(const float *x, int vocab, float value) {
-    const __m512 v = _mm512_set1_ps(value);
+    const vf v = vf_set1(value);
     for (int j = 0; j < vocab; j += LANES) {
-        __mmask16 k = tail_mask(vocab - j);
-        __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + j), v, _CMP_EQ_OQ);
+        vmask k = tail_mask(vocab - j);
+        vmask hit = vf_mask_cmp_eq(k, vf_maskz_loadu(k, x + j), v);
         if (hit) return j + __builtin_ctz((unsigned)hit);
     }
     return 0;  /* only for a row of NaN */
@@ -87,8 +82,8 @@ static int sample_kept(const float *e, int vocab, double u) {
     int blocks = (vocab + LANES - 1) / LANES;
     double block_sum[blocks];
     for (int b = 0; b < blocks; b++) {
-        __mmask16 k = tail_mask(vocab - b * LANES);
-        block_sum[b] = (double)_mm512_reduce_add_ps(_mm512_maskz_loadu_ps(k, e + b * LANES));
+        vmask k = tail_mask(vocab - b * LANES);
+        block_sum[b] = (double)vf_reduce_add(vf_maskz_loadu(k, e + b * LANES));
         total += block_sum[b];
     }
     double target = u * total, before = 0.0;
@@ -128,10 +123,10 @@ int decide_rows(const float *logits, int rows, int vocab, const int64_t *history
             tokens[r] = first_index_of(x, vocab, peak);
             if (out != NULL) {
                 double total = exp_shifted(x, out, vocab, peak, 1.0f);
-                const __m512 inv = _mm512_set1_ps((float)(1.0 / total));
+                const vf inv = vf_set1((float)(1.0 / total));
                 for (int j = 0; j < vocab; j += LANES) {
-                    __mmask16 k = tail_mask(vocab - j);
-                    _mm512_mask_storeu_ps(out + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, out + j), inv));
+                    vmask k = tail_mask(vocab - j);
+                    vf_mask_storeu(out + j, k, vf_mul(vf_maskz_loadu(k, out + j), inv));
                 }
             }
             continue;
@@ -140,13 +135,13 @@ int decide_rows(const float *logits, int rows, int vocab, const int64_t *history
         exp_shifted(x, x, vocab, peak, 1.0f / temperature);
         double kept = 0.0;
         if (min_p > 0.0f) {
-            const __m512 cut = _mm512_set1_ps(min_p);
+            const vf cut = vf_set1(min_p);
             for (int j = 0; j < vocab; j += LANES) {
-                __mmask16 k = tail_mask(vocab - j);
-                __m512 e = _mm512_maskz_loadu_ps(k, x + j);
-                __mmask16 keep = _mm512_mask_cmp_ps_mask(k, e, cut, _CMP_GE_OQ);
-                e = _mm512_maskz_mov_ps(keep, e);
-                _mm512_mask_storeu_ps(x + j, k, e);
+                vmask k = tail_mask(vocab - j);
+                vf e = vf_maskz_loadu(k, x + j);
+                vmask keep = vf_mask_cmp_ge(k, e, cut);
+                e = vf_maskz_mov(keep, e);
+                vf_mask_storeu(x + j, k, e);
             }
         }
         tokens[r] = sample_kept(x, vocab, uniforms[r]);

@@ -27,27 +27,27 @@ void rms_norm_rows(const float *x, const float *w, float *y, int t, int n, float
     for (int r = 0; r < t; r++) {
         const float *xr = x + (size_t)r * n;
         float *yr = y + (size_t)r * n;
-        __m512 acc = _mm512_setzero_ps();
+        vf acc = vf_zero();
         for (int i = 0; i < n; i += 16) {
-            __m512 v = _mm512_loadu_ps(xr + i);
-            acc = _mm512_fmadd_ps(v, v, acc);
+            vf v = vf_loadu(xr + i);
+            acc = vf_fmadd(v, v, acc);
         }
-        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
-        __m512 s = _mm512_set1_ps(inv);
+        float inv = 1.0f / sqrtf(vf_reduce_add(acc) / (float)n + eps);
+        vf s = vf_set1(inv);
         for (int i = 0; i < n; i += 16)
-            _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
+            vf_storeu(yr + i, vf_mul(vf_mul(vf_loadu(xr + i), s), vf_loadu(w + i)));
     }
 }
 
 /* silu(x) = x * sigmoid(x), from exp of a non-positive argument only: x / (1 + e^-x) for x >= 0,
    x e^x / (1 + e^x) below. */
-static inline __m512 silu16(__m512 x) {
-    __m512 neg_abs = _mm512_min_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), x));
-    __m512 e = exp_nonpositive(neg_abs);
-    __m512 denom = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
-    __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-    __m512 num = _mm512_mask_mul_ps(x, negative, x, e);
-    return _mm512_div_ps(num, denom);
+static inline vf silu16(vf x) {
+    vf neg_abs = vf_min(x, vf_sub(vf_zero(), x));
+    vf e = exp_nonpositive(neg_abs);
+    vf denom = vf_add(vf_set1(1.0f), e);
+    vmask negative = vf_cmp_lt(x, vf_zero());
+    vf num = vf_mask_mul(x, negative, x, e);
+    return vf_div(num, denom);
 }
 
 /* y[r][i] = silu(gu[r][i]) * gu[r][inter + i]: gate and up side by side in each row of 2 * inter floats. */
@@ -56,7 +56,7 @@ void silu_mul_rows(const float *gu, float *y, int t, int inter) {
         const float *gate = gu + (size_t)r * 2 * inter, *up = gate + inter;
         float *yr = y + (size_t)r * inter;
         for (int i = 0; i < inter; i += 16)
-            _mm512_storeu_ps(yr + i, _mm512_mul_ps(silu16(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+            vf_storeu(yr + i, vf_mul(silu16(vf_loadu(gate + i)), vf_loadu(up + i)));
     }
 }
 

@@ -11,9 +11,7 @@
 #include <stddef.h>
 #include <immintrin.h>
 
-#ifndef __AVX512F__
-#error "panel_mm needs AVX-512F"
-#endif
+#if defined(__AVX512F__)
 
 #define PANEL 32          /* output columns per panel: two 16-float registers */
 #define MAX_GROUP 12      /* rows per pass: 12 x 2 accumulators + 2 weight registers fit in 32 (x is broadcast from memory) */
@@ -65,5 +63,60 @@ void panel_mm(const float *x, const float *panels, float *y, int m, int k_dim, i
         done += rows;
     }
 }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (16 registers of 8 floats): a panel's 32 columns are four registers, so a pass keeps up to 3 rows'
+   accumulators (12 registers). The loop runs panel by panel, every pass of rows over a panel while it is
+   in the L2 cache (the first pass reads it from memory), so W is still streamed from memory once. */
+#define PANEL 32
+#define MAX_GROUP 3
+#define PREFETCH_ROWS 32
+
+#define DEFINE_GROUP(R)                                                                              \
+static void group##R(const float *x, const float *w, float *y, int k_dim, int n_dim) {              \
+    __m256 acc[R][4];                                                                             \
+    for (int r = 0; r < R; r++)                                                                   \
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();                               \
+    for (int k = 0; k < k_dim; k++) {                                                             \
+        const float *wk = w + (size_t)k * PANEL;                                                  \
+        _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL), _MM_HINT_T0);                    \
+        _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL + 16), _MM_HINT_T0);               \
+        __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);                            \
+        __m256 w2 = _mm256_loadu_ps(wk + 16), w3 = _mm256_loadu_ps(wk + 24);                      \
+        for (int r = 0; r < R; r++) {                                                             \
+            __m256 xv = _mm256_set1_ps(x[(size_t)r * k_dim + k]);                                 \
+            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);                                       \
+            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);                                       \
+            acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);                                       \
+            acc[r][3] = _mm256_fmadd_ps(xv, w3, acc[r][3]);                                       \
+        }                                                                                         \
+    }                                                                                             \
+    for (int r = 0; r < R; r++)                                                                   \
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(y + (size_t)r * n_dim + 8 * i, acc[r][i]);    \
+}
+
+DEFINE_GROUP(1) DEFINE_GROUP(2) DEFINE_GROUP(3)
+
+typedef void (*group_fn)(const float *, const float *, float *, int, int);
+static const group_fn GROUPS[MAX_GROUP + 1] = {0, group1, group2, group3};
+
+/* x: (m, k) row-major; panels: (n / 32, k, 32); y: (m, n) row-major. n must be a multiple of 32.
+   Per panel, rows are taken in groups of at most 3, split evenly. */
+void panel_mm(const float *x, const float *panels, float *y, int m, int k_dim, int n_dim) {
+    int passes = (m + MAX_GROUP - 1) / MAX_GROUP;
+    for (int p = 0; p < n_dim / PANEL; p++) {
+        const float *w = panels + (size_t)p * k_dim * PANEL;
+        int done = 0;
+        for (int i = 0; i < passes; i++) {
+            int rows = (m - done) / (passes - i);
+            if ((m - done) % (passes - i)) rows++;
+            GROUPS[rows](x + (size_t)done * k_dim, w, y + (size_t)done * n_dim + (size_t)p * PANEL, k_dim, n_dim);
+            done += rows;
+        }
+    }
+}
+#else
+#error "panel_mm needs AVX-512F, or AVX2 with FMA"
+#endif
 
 int panel_width(void) { return PANEL; }
