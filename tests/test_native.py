@@ -1,6 +1,6 @@
 """The optional native CPU kernels (tokenswift/native): exact enough to share the lossless promise, and optional.
 
-Where this machine cannot build them (no C compiler, no AVX-512) the kernel tests skip with the reason, and the
+Where this machine cannot build them (no C compiler, no AVX2 with FMA) the kernel tests skip with the reason, and the
 fallback tests still run: then every model runs through PyTorch, as the rest of the suite checks."""
 import os
 import subprocess
@@ -23,6 +23,8 @@ needs_decide = pytest.mark.skipif(not decide.available(), reason=f"native decide
 needs_attention = pytest.mark.skipif(not rows_attention.available(),
                                      reason=f"native attention kernel: {build.why_not('attend_rows')}")
 needs_amx = pytest.mark.skipif(not panels.amx_available(), reason=f"AMX panel kernel: {build.why_not('panel_amx') or 'off'}")
+needs_bf16 = pytest.mark.skipif(not panels.bf16_available(),
+                                reason=f"bfloat16 panel kernel: {build.why_not('panel_bf16') or 'off'}")
 needs_stack = pytest.mark.skipif(not (layers.available() and rows_attention.available() and panels.available()),
                                  reason=f"native decoder stack: {build.why_not('layer_rows') or build.why_not('attend_rows')}")
 
@@ -81,11 +83,51 @@ def test_weights_that_are_not_bfloat16_keep_float32_panels():
     assert panels.PanelMatrix.build(w.to(torch.bfloat16).float()).kind == 1
 
 
+@needs_bf16
+@pytest.mark.parametrize("n,k", [(32, 7), (640, 384), (384, 1024), (8192, 384)])
+def test_bfloat16_panels_give_the_float32_panels_products_bitwise(n, k):
+    """On AVX2 CPUs a bfloat16-exact weight is kept as bfloat16 panels (half the bytes) and widened in registers:
+    every product is bitwise what float32 panels of the same weight give, for every row count."""
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    m = panels.PanelMatrix.build(w)
+    assert m.kind == 2 and m.panels.element_size() == 2
+    wide = panels.PanelMatrix(w.float())
+    assert wide.kind == 0
+    x = torch.randn(panels.MAX_ROWS, k, generator=gen) * torch.logspace(-3, 3, k)
+    for rows in range(1, panels.MAX_ROWS + 1):
+        assert torch.equal(m(x[:rows]), wide(x[:rows])), rows
+    assert panels.PanelMatrix.build(torch.randn(64, 64)).kind == 0  # not bfloat16-exact: float32 panels
+
+
+@needs_bf16
+@needs_stack
+def test_tokenswift_equals_ar_through_bfloat16_panels_and_the_native_stack():
+    model = head_dim_64_model("llama-gqa").to(torch.bfloat16)
+    gen = ts.Generator(model, heads=random_heads(model))
+    lean = gen.adapter.lean
+    assert lean.native_stack is not None and lean.layers[0].gate_up.panels.kind == 2 and lean.head.panels.kind == 2
+    prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    for settings in (dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)):
+        ar = gen.generate(prompt, ts.Settings(**settings), 200, method="ar", seed=4).token_ids
+        for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path (oneDNN products)
+            result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
+            assert result.token_ids == ar, (settings, tree)
+
+
+def test_bfloat16_panels_can_be_turned_off():
+    out = run_isolated("import torch; from tokenswift.native import panels; w = torch.ones(64, 64); "
+                       "print(panels.bf16_available(), panels.PanelMatrix.build(w) is None or "
+                       "panels.PanelMatrix.build(w).kind)", TOKENSWIFT_BF16_PANELS="0")
+    assert out.split() in (["False", "0"], ["False", "True"], ["False", "1"])
+
+
 def test_amx_can_be_turned_off():
     out = run_isolated("import torch; from tokenswift.native import panels; "
                        "print(panels.amx_available(), panels.PanelMatrix.build(torch.ones(64, 64)) is None or "
                        "panels.PanelMatrix.build(torch.ones(64, 64)).kind)", TOKENSWIFT_AMX="0")
-    assert out.split() in (["False", "0"], ["False", "True"])
+    available, kind = out.split()
+    assert available == "False" and kind in ("0", "2", "True")  # float32 or AVX2 bfloat16 panels, or none
 
 
 def test_panel_matrix_refuses_what_it_cannot_serve():

@@ -546,6 +546,8 @@ def _engine_compute(gen) -> str:
     if lean.native_rows and lean.head.panels.kind == 1:
         kinds = [f"{'/'.join(kinds)} arithmetic on bfloat16-exact"]  # AMX tiles over the checkpoint's bfloat16 weights
         native += " (AMX tiles over bfloat16 weights, float32 inputs split into exact bfloat16 parts)"
+    elif lean.native_rows and lean.head.panels.kind == 2:
+        native += " (bfloat16 weight panels widened to float32 in AVX2 registers: float32 panels' products)"
     return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache, {native}"
 
 

@@ -50,7 +50,7 @@ MM_MAX_ROWS = 6  # up to this many rows a plain `mm`; more rows through oneDNN w
 class Matrix:
     """One weight matrix laid out for the fastest product with a few rows of activations.
 
-    Where the native panel kernel is available (`tokenswift/native/panels.py`: a C compiler and AVX-512),
+    Where the native panel kernel is available (`tokenswift/native/panels.py`: a C compiler and AVX-512 or AVX2),
     float32 products of up to 16 rows go through it: it streams the weights once for up to 12 rows, so
     verifying 12 rows costs about what one row does in the matrices, and a row's result does not depend on
     how many rows are computed with it. Otherwise, and beyond 16 rows, PyTorch as follows.

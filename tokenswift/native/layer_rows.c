@@ -4,7 +4,7 @@
    (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
    2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
-   products call the same kernels as the PyTorch path (panel_mm.c or panel_amx.c, as each matrix is laid
+   products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c or panel_bf16.c, as each matrix is laid
    out, and attend_rows.c), so the step computes the same function.
 
    The element-wise parts are exported too (rms_norm_rows, silu_mul_rows): the PyTorch path calls them
@@ -20,6 +20,12 @@
 #define HAVE_AMX 1
 #else
 #define HAVE_AMX 0
+#endif
+#if !defined(__AVX512F__)
+#include "panel_bf16.c"
+#define HAVE_BF16_PANELS 1
+#else
+#define HAVE_BF16_PANELS 0
 #endif
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for t rows of n floats (n a multiple of 16). */
@@ -78,7 +84,8 @@ typedef struct {
     const float *in_norm, *post_norm;  /* (hidden,) */
     const void *qkv, *o, *gate_up, *down;  /* (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
     const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
-    int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm.c), 1 bfloat16 AMX tiles (panel_amx.c) */
+    int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm.c), 1 bfloat16 AMX tiles (panel_amx.c),
+                     2 bfloat16 panels widened on AVX2 (panel_bf16.c) */
 } layer_weights;
 
 static double now(void) {
@@ -94,6 +101,12 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
     int code = -3;
 #if HAVE_AMX
     if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n);
+#endif
+#if HAVE_BF16_PANELS
+    if (kind == 2) {
+        panel_bf16(x, (const uint16_t *)w, y, t, k, n);
+        code = 0;
+    }
 #endif
     if (kind == 0) {
         panel_mm(x, (const float *)w, y, t, k, n);

@@ -1,8 +1,9 @@
 """Few-row float32 matrix products through the native panel kernels, when they are available: `panel_amx.c`
-(Intel AMX tiles over bfloat16 weights, for weights that are exactly bfloat16, as the default model's are) or
-`panel_mm.c` (float32 panels, AVX-512).
+(Intel AMX tiles over bfloat16 weights, for weights that are exactly bfloat16, as the default model's are),
+`panel_bf16.c` (on AVX2 CPUs without AVX-512: bfloat16 panels widened in registers, for such weights) or
+`panel_mm.c` (float32 panels, AVX-512 or AVX2).
 
-`PanelMatrix.build(weight)` returns None where the kernel cannot serve (no compiler, no AVX-512, an
+`PanelMatrix.build(weight)` returns None where the kernel cannot serve (no compiler, no AVX2, an
 output size that is not a multiple of 32, not float32 on CPU, or a self-check that disagrees with
 torch.mm); callers then keep their PyTorch path. Measured on the 2-vCPU Xeon this project targets (one
 thread, fp32 weights streamed from L3, microseconds for 1 / 4 / 8 rows): gate/up 2048x384 torch.mm
@@ -21,6 +22,7 @@ from . import build
 MAX_ROWS = 16  # beyond this (big trees, prefill chunks) oneDNN / MKL are as good or better
 AMX_ENV = "TOKENSWIFT_AMX"  # "0": float32 panels even where AMX could serve (comparisons)
 AMX_MAX_K = 4096
+BF16_ENV = "TOKENSWIFT_BF16_PANELS"  # "0": float32 panels even where bfloat16 panels could serve (comparisons)
 # AMX over float32 panels, measured here (one thread, microseconds for 1 / 4 / 9 / 12 rows): q/k/v 640x384
 # 11.5 / 16.1 / 28.1 / 39.2 -> 7.2 / 7.6 / 14.5 / 19.6; gate/up 2048x384 137 / 146 / 145 / 147 -> 22 / 24 / 45 / 64;
 # down 384x1024 24 / 33 / 62 / 73 -> 14 / 15 / 27 / 39; LM head 8192x384 516 / 516 / 536 / 549 -> 292 / 303 / 348 / 405.
@@ -40,12 +42,25 @@ def _amx_function():
     return build.function("panel_amx", _INT, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _amx_self_check, "torch.mm")
 
 
+def _bf16_function():
+    """The AVX2 bfloat16-panel kernel, or None (an AVX-512 CPU, which keeps float32 panels or AMX; or
+    TOKENSWIFT_BF16_PANELS=0)."""
+    if os.environ.get(BF16_ENV, "1") == "0":
+        return None
+    return build.function("panel_bf16", None, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _bf16_self_check,
+                          "float32 panels")
+
+
 def available() -> bool:
     return _function() is not None
 
 
 def amx_available() -> bool:
     return _amx_function() is not None
+
+
+def bf16_available() -> bool:
+    return _bf16_function() is not None
 
 
 def why_unavailable() -> str:
@@ -56,18 +71,22 @@ class PanelMatrix:
     """W (N, K) laid out for a native kernel; `(x)` computes x @ W^T for x (T, K) float32 (T <= MAX_ROWS on panels).
 
     kind 0: N / 32 float32 panels of (K, 32) for panel_mm.c. kind 1: bfloat16 B tiles for panel_amx.c, where
-    W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes)."""
+    W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes). kind 2: the
+    panels of kind 0 in bfloat16 for panel_bf16.c, where W is exactly bfloat16 (bitwise kind 0's products)."""
 
     WIDTH = 32
 
-    def __init__(self, weight: torch.Tensor, amx: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, amx: bool = False, bf16: bool = False) -> None:
         n, k = weight.shape
         self.out_features, self.in_features = n, k
-        self.kind = 1 if amx else 0
-        self._kernel = _amx_function() if amx else _function()
+        self.kind = 1 if amx else 2 if bf16 else 0
+        self._kernel = _amx_function() if amx else _bf16_function() if bf16 else _function()
         if self._kernel is None:
             raise RuntimeError(f"the native panel kernel is not available: {why_unavailable()}")
-        if amx:
+        if bf16:
+            w = weight.detach().to(torch.bfloat16).view(torch.int16)
+            self.panels = w.reshape(n // self.WIDTH, self.WIDTH, k).transpose(1, 2).contiguous()  # (N/32, K, 32)
+        elif amx:
             w = weight.detach().to(torch.bfloat16).view(torch.int16)  # (N, K): [n / 16][16][k / 32][16 pairs][2]
             self.panels = w.reshape(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
         else:
@@ -79,8 +98,9 @@ class PanelMatrix:
         if weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[0] % cls.WIDTH or _function() is None:
             return None
         n, k = weight.shape
-        amx = k % 32 == 0 and k <= AMX_MAX_K and _exactly_bfloat16(weight) and _amx_function() is not None
-        return cls(weight, amx)
+        exact = _exactly_bfloat16(weight)
+        amx = k % 32 == 0 and k <= AMX_MAX_K and exact and _amx_function() is not None
+        return cls(weight, amx, bf16=not amx and exact and _bf16_function() is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, K) float32 on CPU -> (T, N) float32; T <= MAX_ROWS for float32 panels, any T on AMX tiles."""
@@ -118,6 +138,18 @@ def _amx_self_check() -> bool:
             return False
     one = m(x[:1])
     return bool(torch.equal(one[0], m(x[:8])[0]) and torch.equal(m(x[5:6])[0], m(x[:13])[5]))
+
+
+def _bf16_self_check() -> bool:
+    """bfloat16 panels give bitwise the float32 panels' products of the same (bfloat16-exact) weights, for every
+    row count."""
+    if _function() is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 200, generator=gen).to(torch.bfloat16).float()
+    x = torch.randn(MAX_ROWS, 200, generator=gen)
+    wide, narrow = PanelMatrix(w), PanelMatrix(w, bf16=True)
+    return all(torch.equal(narrow(x[:rows]), wide(x[:rows])) for rows in range(1, MAX_ROWS + 1))
 
 
 def _self_check() -> bool:
