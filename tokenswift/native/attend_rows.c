@@ -18,6 +18,11 @@
 #include "vector_exp.h"
 
 #define KEYS 16
+#if defined(__AVX512F__)
+#define DIRECT(t) ((t) == 1)  /* scores_direct for t new tokens: no transposition of the keys to share */
+#else
+#define DIRECT(t) ((t) <= 8)  /* AVX2: measured as fast as the transposition or faster up to 9 tokens (27 rows) */
+#endif
 #ifndef VALUE_AHEAD
 #define VALUE_AHEAD 8  /* values prefetched this many keys ahead */
 #endif
@@ -110,6 +115,7 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
 #endif
         const vmask keep = (vmask)((1u << n) - 1u);
         int r = 0;
+#if defined(__AVX512F__)
         /* four rows at a time: each transposed key vector is loaded once for four rows, and the eight
            accumulator chains keep both FMA ports busy (per row the sums are the same as one row alone) */
         for (; r + 4 <= rows; r += 4) {
@@ -133,6 +139,23 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
             vf_mask_storeu(out + 2 * (size_t)s_pad, keep, vf_mul(vf_add(c0, c1), sc));
             vf_mask_storeu(out + 3 * (size_t)s_pad, keep, vf_mul(vf_add(e0, e1), sc));
         }
+#else
+        /* AVX2 (16 registers of 8 floats): two rows at a time, four accumulator chains */
+        for (; r + 2 <= rows; r += 2) {
+            const float *q0 = q + (size_t)r * d, *q1 = q0 + d;
+            vf a0 = vf_zero(), a1 = vf_zero(), b0 = vf_zero(), b1 = vf_zero();
+            for (int j = 0; j < d; j += 2) {
+                vf k0 = vf_load(kt + j * KEYS), k1 = vf_load(kt + (j + 1) * KEYS);
+                a0 = vf_fmadd(vf_set1(q0[j]), k0, a0);
+                a1 = vf_fmadd(vf_set1(q0[j + 1]), k1, a1);
+                b0 = vf_fmadd(vf_set1(q1[j]), k0, b0);
+                b1 = vf_fmadd(vf_set1(q1[j + 1]), k1, b1);
+            }
+            float *out = scores + (size_t)r * s_pad + s0;
+            vf_mask_storeu(out, keep, vf_mul(vf_add(a0, a1), sc));
+            vf_mask_storeu(out + s_pad, keep, vf_mul(vf_add(b0, b1), sc));
+        }
+#endif
         for (; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
             vf a0 = vf_zero(), a1 = vf_zero();
@@ -145,6 +168,7 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
     }
 }
 
+#if defined(__AVX512F__)
 /* The same for few rows: each key is read once, its dot product with every row reduced across lanes
    (cheaper than transposing the keys when there are few rows to share the transposition). */
 static void scores_direct(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
@@ -159,6 +183,45 @@ static void scores_direct(const float *q, const float *k, float *scores, int row
         }
     }
 }
+#else
+/* AVX2: for few rows, eight keys at a time (a block of 2 KiB or 4 KiB, kept in the L1 cache while every row
+   takes it): per row, eight accumulators of 8 lanes, reduced together by a tree of horizontal adds, which
+   costs about what one lane reduction of a single key does. A key's sum is the same whatever the rows (and
+   the tail block zero-fills its missing keys, so every key is reduced in the same order). */
+static inline __m256 dots8(const float *qr, const float *block, int n, int d) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+        __m256 qv = _mm256_loadu_ps(qr + c);
+        for (int i = 0; i < 8; i++)
+            if (i < n) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(block + (size_t)i * d + c), acc[i]);
+    }
+    __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    /* h0123 = [k0 k1 k2 k3 (lanes 0-3) | k0 k1 k2 k3 (lanes 4-7)], h4567 likewise for keys 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+static void scores_direct(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int j = 0; j < s; j += 8) {
+        int n = s - j < 8 ? s - j : 8;
+        const float *block = k + (size_t)j * d;
+        for (int line = 0; line < 8 * d; line += 16) _mm_prefetch((const char *)(block + KEY_AHEAD * d + line), AHEAD_HINT);
+        if (n == 8) {  /* (a constant n: no tests in the inner loop) */
+            for (int r = 0; r < rows; r++)
+                _mm256_storeu_ps(scores + (size_t)r * s_pad + j, _mm256_mul_ps(dots8(q + (size_t)r * d, block, 8, d), sc));
+            continue;
+        }
+        for (int r = 0; r < rows; r++) {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, _mm256_mul_ps(dots8(q + (size_t)r * d, block, n, d), sc));
+            for (int i = 0; i < n; i++) scores[(size_t)r * s_pad + j + i] = tmp[i];
+        }
+    }
+}
+#endif
 
 /* Row-wise softmax over [0, s) in place; returns nothing, lanes past s are left alone. */
 static void softmax_rows(float *scores, int rows, int s, int s_pad) {
@@ -239,7 +302,7 @@ int attend_rows(const float *q, const float *k, const float *v, long head_stride
     for (int h = 0; h < hkv; h++) {
         const float *qh = q + (size_t)h * rows * d;
         const float *kh = k + (size_t)h * head_stride, *vh = v + (size_t)h * head_stride;
-        if (t == 1) scores_direct(qh, kh, scores, rows, s, s_pad, d, scale);  /* one token: no transposition to share */
+        if (DIRECT(t)) scores_direct(qh, kh, scores, rows, s, s_pad, d, scale);
         else scores_of(qh, kh, scores, rows, s, s_pad, d, scale);
         if (block_mask)
             for (int r = 0; r < rows; r++) {

@@ -21,7 +21,7 @@
 #endif
 
 #define BF16_PANEL 32
-#define BF16_GROUP 3           /* rows per pass: 3 x 4 accumulators + 4 widened weights in 16 registers */
+#define BF16_GROUP 3           /* rows per pass: 3 x 4 accumulators + 3 broadcasts + 1 weight: 16 registers */
 #define BF16_PREFETCH_ROWS 64  /* k-rows (4 KiB of bfloat16) ahead of the stream */
 
 /* Eight bfloat16 as eight float32, exactly. */
@@ -37,13 +37,11 @@ static void bf16_group##R(const float *x, const uint16_t *w, float *y, int k_dim
     for (int k = 0; k < k_dim; k++) {                                                             \
         const uint16_t *wk = w + (size_t)k * BF16_PANEL;                                          \
         _mm_prefetch((const char *)(wk + BF16_PREFETCH_ROWS * BF16_PANEL), _MM_HINT_T0);          \
-        __m256 w0 = widen8(wk), w1 = widen8(wk + 8), w2 = widen8(wk + 16), w3 = widen8(wk + 24);    \
-        for (int r = 0; r < R; r++) {                                                             \
-            __m256 xv = _mm256_set1_ps(x[(size_t)r * k_dim + k]);                                 \
-            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);                                       \
-            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);                                       \
-            acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);                                       \
-            acc[r][3] = _mm256_fmadd_ps(xv, w3, acc[r][3]);                                       \
+        __m256 xv[R];  /* R broadcasts + one widened weight + 12 accumulators: 16 registers, no spill */ \
+        for (int r = 0; r < R; r++) xv[r] = _mm256_set1_ps(x[(size_t)r * k_dim + k]);             \
+        for (int i = 0; i < 4; i++) {                                                             \
+            __m256 wv = widen8(wk + 8 * i);                                                       \
+            for (int r = 0; r < R; r++) acc[r][i] = _mm256_fmadd_ps(xv[r], wv, acc[r][i]);         \
         }                                                                                         \
     }                                                                                             \
     for (int r = 0; r < R; r++)                                                                   \

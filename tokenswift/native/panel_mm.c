@@ -66,7 +66,7 @@ void panel_mm(const float *x, const float *panels, float *y, int m, int k_dim, i
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* AVX2 (16 registers of 8 floats): a panel's 32 columns are four registers, so a pass keeps up to 3 rows'
-   accumulators (12 registers). The loop runs panel by panel, every pass of rows over a panel while it is
+   accumulators (12 registers, with 3 broadcasts and one weight register: all 16). The loop runs panel by panel, every pass of rows over a panel while it is
    in the L2 cache (the first pass reads it from memory), so W is still streamed from memory once. */
 #define PANEL 32
 #define MAX_GROUP 3
@@ -81,14 +81,11 @@ static void group##R(const float *x, const float *w, float *y, int k_dim, int n_
         const float *wk = w + (size_t)k * PANEL;                                                  \
         _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL), _MM_HINT_T0);                    \
         _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL + 16), _MM_HINT_T0);               \
-        __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);                            \
-        __m256 w2 = _mm256_loadu_ps(wk + 16), w3 = _mm256_loadu_ps(wk + 24);                      \
-        for (int r = 0; r < R; r++) {                                                             \
-            __m256 xv = _mm256_set1_ps(x[(size_t)r * k_dim + k]);                                 \
-            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);                                       \
-            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);                                       \
-            acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);                                       \
-            acc[r][3] = _mm256_fmadd_ps(xv, w3, acc[r][3]);                                       \
+        __m256 xv[R];  /* R broadcasts + one weight register + 12 accumulators: 16 registers, no spill */ \
+        for (int r = 0; r < R; r++) xv[r] = _mm256_set1_ps(x[(size_t)r * k_dim + k]);             \
+        for (int i = 0; i < 4; i++) {                                                             \
+            __m256 wv = _mm256_loadu_ps(wk + 8 * i);                                              \
+            for (int r = 0; r < R; r++) acc[r][i] = _mm256_fmadd_ps(xv[r], wv, acc[r][i]);         \
         }                                                                                         \
     }                                                                                             \
     for (int r = 0; r < R; r++)                                                                   \
