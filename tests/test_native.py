@@ -100,21 +100,6 @@ def test_bfloat16_panels_give_the_float32_panels_products_bitwise(n, k):
     assert panels.PanelMatrix.build(torch.randn(64, 64)).kind == 0  # not bfloat16-exact: float32 panels
 
 
-@needs_bf16
-@needs_stack
-def test_tokenswift_equals_ar_through_bfloat16_panels_and_the_native_stack():
-    model = head_dim_64_model("llama-gqa").to(torch.bfloat16)
-    gen = ts.Generator(model, heads=random_heads(model))
-    lean = gen.adapter.lean
-    assert lean.native_stack is not None and lean.layers[0].gate_up.panels.kind == 2 and lean.head.panels.kind == 2
-    prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
-    for settings in (dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)):
-        ar = gen.generate(prompt, ts.Settings(**settings), 200, method="ar", seed=4).token_ids
-        for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path (oneDNN products)
-            result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
-            assert result.token_ids == ar, (settings, tree)
-
-
 def test_bfloat16_panels_can_be_turned_off():
     out = run_isolated("import torch; from tokenswift.native import panels; w = torch.ones(64, 64); "
                        "print(panels.bf16_available(), panels.PanelMatrix.build(w) is None or "
@@ -247,19 +232,21 @@ def test_greedy_tokenswift_equals_ar_through_the_native_kernels(settings):
     assert result.stats["mean_accepted"] > 1.0  # drafts were accepted: multi-row verification ran
 
 
-@needs_amx
 @needs_stack
-def test_tokenswift_equals_ar_through_amx_and_the_native_stack():
-    """A bfloat16 checkpoint (as the default model is): its matrices go through AMX tiles inside the native stack;
-    greedy TokenSwift gives AR's tokens and sampled TokenSwift AR's samples."""
+@pytest.mark.parametrize("kind", [pytest.param(1, marks=needs_amx, id="amx"),
+                                  pytest.param(2, marks=needs_bf16, id="bf16-panels")])
+def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind):
+    """A bfloat16 checkpoint (as the default model is): its matrices go through AMX tiles (kind 1) or, on AVX2
+    CPUs, bfloat16 panels (kind 2) inside the native stack; greedy TokenSwift gives AR's tokens and sampled
+    TokenSwift AR's samples."""
     model = head_dim_64_model("llama-gqa").to(torch.bfloat16)
     gen = ts.Generator(model, heads=random_heads(model))
     lean = gen.adapter.lean
-    assert lean.native_stack is not None and lean.layers[0].gate_up.panels.kind == 1 and lean.head.panels.kind == 1
+    assert lean.native_stack is not None and lean.layers[0].gate_up.panels.kind == kind and lean.head.panels.kind == kind
     prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
     for settings in (dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)):
         ar = gen.generate(prompt, ts.Settings(**settings), 200, method="ar", seed=4).token_ids
-        for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path and AMX products
+        for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path
             result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
             assert result.token_ids == ar, (settings, tree)
 

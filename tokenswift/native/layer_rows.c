@@ -22,8 +22,7 @@
 #define HAVE_AMX 0
 #endif
 #if !defined(__AVX512F__)
-#include "panel_bf16.c"
-#define HAVE_BF16_PANELS 1
+#define HAVE_BF16_PANELS 1  /* panel_mm.c's AVX2 build has panel_bf16 too */
 #else
 #define HAVE_BF16_PANELS 0
 #endif

@@ -66,25 +66,37 @@ void panel_mm(const float *x, const float *panels, float *y, int m, int k_dim, i
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* AVX2 (16 registers of 8 floats): a panel's 32 columns are four registers, so a pass keeps up to 3 rows'
-   accumulators (12 registers, with 3 broadcasts and one weight register: all 16). The loop runs panel by panel, every pass of rows over a panel while it is
-   in the L2 cache (the first pass reads it from memory), so W is still streamed from memory once. */
+   accumulators (12 registers, with 3 broadcasts and one weight register: all 16). The loop runs panel by
+   panel, every pass of rows over a panel while it is in the L2 cache (the first pass reads it from memory),
+   so W is still streamed from memory once.
+
+   The same passes serve panels stored in bfloat16 (panel_bf16, for weights that are exactly bfloat16, as
+   the default model's are): half the bytes to stream, and since a bfloat16 is the top half of a float32,
+   widening it is exact (a 16-bit shift), so every product and sum is bitwise panel_mm's on the float32
+   copy of the same weights. */
+#include <stdint.h>
 #define PANEL 32
 #define MAX_GROUP 3
-#define PREFETCH_ROWS 32
+#define PREFETCH_BYTES 4096  /* this far ahead of the stream */
 
-#define DEFINE_GROUP(R)                                                                              \
-static void group##R(const float *x, const float *w, float *y, int k_dim, int n_dim) {              \
+static inline __m256 weights8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 weights8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+#define DEFINE_GROUP(NAME, WTYPE, LOAD, R)                                                           \
+static void NAME##_group##R(const float *x, const WTYPE *w, float *y, int k_dim, int n_dim) {       \
     __m256 acc[R][4];                                                                             \
     for (int r = 0; r < R; r++)                                                                   \
         for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();                               \
     for (int k = 0; k < k_dim; k++) {                                                             \
-        const float *wk = w + (size_t)k * PANEL;                                                  \
-        _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL), _MM_HINT_T0);                    \
-        _mm_prefetch((const char *)(wk + PREFETCH_ROWS * PANEL + 16), _MM_HINT_T0);               \
+        const WTYPE *wk = w + (size_t)k * PANEL;                                                  \
+        for (int b = 0; b < (int)sizeof(WTYPE) * PANEL; b += 64)                                   \
+            _mm_prefetch((const char *)wk + PREFETCH_BYTES + b, _MM_HINT_T0);                      \
         __m256 xv[R];  /* R broadcasts + one weight register + 12 accumulators: 16 registers, no spill */ \
         for (int r = 0; r < R; r++) xv[r] = _mm256_set1_ps(x[(size_t)r * k_dim + k]);             \
         for (int i = 0; i < 4; i++) {                                                             \
-            __m256 wv = _mm256_loadu_ps(wk + 8 * i);                                              \
+            __m256 wv = LOAD(wk + 8 * i);                                                         \
             for (int r = 0; r < R; r++) acc[r][i] = _mm256_fmadd_ps(xv[r], wv, acc[r][i]);         \
         }                                                                                         \
     }                                                                                             \
@@ -92,26 +104,28 @@ static void group##R(const float *x, const float *w, float *y, int k_dim, int n_
         for (int i = 0; i < 4; i++) _mm256_storeu_ps(y + (size_t)r * n_dim + 8 * i, acc[r][i]);    \
 }
 
-DEFINE_GROUP(1) DEFINE_GROUP(2) DEFINE_GROUP(3)
-
-typedef void (*group_fn)(const float *, const float *, float *, int, int);
-static const group_fn GROUPS[MAX_GROUP + 1] = {0, group1, group2, group3};
-
-/* x: (m, k) row-major; panels: (n / 32, k, 32); y: (m, n) row-major. n must be a multiple of 32.
-   Per panel, rows are taken in groups of at most 3, split evenly. */
-void panel_mm(const float *x, const float *panels, float *y, int m, int k_dim, int n_dim) {
-    int passes = (m + MAX_GROUP - 1) / MAX_GROUP;
-    for (int p = 0; p < n_dim / PANEL; p++) {
-        const float *w = panels + (size_t)p * k_dim * PANEL;
-        int done = 0;
-        for (int i = 0; i < passes; i++) {
-            int rows = (m - done) / (passes - i);
-            if ((m - done) % (passes - i)) rows++;
-            GROUPS[rows](x + (size_t)done * k_dim, w, y + (size_t)done * n_dim + (size_t)p * PANEL, k_dim, n_dim);
-            done += rows;
-        }
-    }
+/* NAME(x, panels, y, m, k, n): x (m, k) row-major; panels (n / 32, k, 32) of WTYPE; y (m, n) row-major; n a
+   multiple of 32. Per panel, rows are taken in passes of at most 3, split evenly. */
+#define DEFINE_PRODUCT(NAME, WTYPE, LOAD)                                                            \
+DEFINE_GROUP(NAME, WTYPE, LOAD, 1) DEFINE_GROUP(NAME, WTYPE, LOAD, 2) DEFINE_GROUP(NAME, WTYPE, LOAD, 3) \
+void NAME(const float *x, const WTYPE *panels, float *y, int m, int k_dim, int n_dim) {            \
+    static void (*const groups[MAX_GROUP + 1])(const float *, const WTYPE *, float *, int, int) =  \
+        {0, NAME##_group1, NAME##_group2, NAME##_group3};                                         \
+    int passes = (m + MAX_GROUP - 1) / MAX_GROUP;                                                 \
+    for (int p = 0; p < n_dim / PANEL; p++) {                                                     \
+        const WTYPE *w = panels + (size_t)p * k_dim * PANEL;                                      \
+        int done = 0;                                                                             \
+        for (int i = 0; i < passes; i++) {                                                        \
+            int rows = (m - done) / (passes - i);                                                 \
+            if ((m - done) % (passes - i)) rows++;                                                \
+            groups[rows](x + (size_t)done * k_dim, w, y + (size_t)done * n_dim + (size_t)p * PANEL, k_dim, n_dim); \
+            done += rows;                                                                         \
+        }                                                                                         \
+    }                                                                                             \
 }
+
+DEFINE_PRODUCT(panel_mm, float, weights8_f32)
+DEFINE_PRODUCT(panel_bf16, uint16_t, weights8_bf16)
 #else
 #error "panel_mm needs AVX-512F, or AVX2 with FMA"
 #endif
