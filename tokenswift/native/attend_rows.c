@@ -255,14 +255,14 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad) {
    memory), so the values are read from memory once however many groups there are; between chunks a group's
    sums wait in `out`. Each row's sum runs over j in order whatever its group: the same for one row alone. */
 #define VALUE_CHUNK 128
-#define DEFINE_VALUES(NAME, G, D16)                                                                 \
-static void NAME(const float *p, const float *v, float *out, int rows, int s, int s_pad) {         \
+#define DEFINE_VALUES(NAME, G, D16)                                                             \
+static void NAME(const float *p, const float *v, float *out, int rows, int s, int s_pad) {      \
     for (int j0 = 0; j0 < s; j0 += VALUE_CHUNK) {                                               \
         int j1 = s - j0 < VALUE_CHUNK ? s : j0 + VALUE_CHUNK;                                   \
         for (int r0 = 0; r0 < rows; r0 += G) {                                                  \
             int g = rows - r0 < G ? rows - r0 : G;                                              \
             float *o = out + (size_t)r0 * D16 * 16;                                             \
-            vf acc[G][D16];                                                                 \
+            vf acc[G][D16];                                                                     \
             for (int a = 0; a < G; a++)                                                         \
                 for (int b = 0; b < D16; b++)                                                   \
                     acc[a][b] = (j0 && a < g) ? vf_loadu(o + (size_t)a * D16 * 16 + b * 16) : vf_zero(); \
@@ -270,11 +270,11 @@ static void NAME(const float *p, const float *v, float *out, int rows, int s, in
                 const float *vj = v + (size_t)j * D16 * 16;                                     \
                 if (r0 == 0) /* the first group reads the values from memory: some keys ahead */   \
                     for (int b = 0; b < D16; b++) _mm_prefetch((const char *)(vj + VALUE_AHEAD * D16 * 16 + b * 16), AHEAD_HINT); \
-                vf vv[D16];                                                                 \
-                for (int b = 0; b < D16; b++) vv[b] = vf_loadu(vj + b * 16);              \
+                vf vv[D16];                                                                     \
+                for (int b = 0; b < D16; b++) vv[b] = vf_loadu(vj + b * 16);                    \
                 for (int a = 0; a < G; a++) {                                                   \
                     if (a < g) {                                                                \
-                        vf w = vf_set1(p[(size_t)(r0 + a) * s_pad + j]);              \
+                        vf w = vf_set1(p[(size_t)(r0 + a) * s_pad + j]);                        \
                         for (int b = 0; b < D16; b++) acc[a][b] = vf_fmadd(w, vv[b], acc[a][b]); \
                     }                                                                           \
                 }                                                                               \

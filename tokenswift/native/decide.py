@@ -1,7 +1,7 @@
 """The target's token for rows of logits through the native kernel (`decide_rows.c`).
 
-`decide_rows(...)` returns None where the kernel cannot serve (no compiler, or neither AVX-512 nor AVX2 with FMA, settings with
-top-k, top-p or eta, logits that are not float32 on the CPU); callers keep the PyTorch chain of
+`decide_rows(...)` returns None where the kernel cannot serve (no compiler, or neither AVX-512 nor AVX2 with
+FMA, settings with top-k, top-p or eta, logits that are not float32 on the CPU); callers keep the PyTorch chain of
 `tokenswift.sampling`, which defines the same decision and serves as the reference in the self-check.
 """
 from __future__ import annotations

@@ -4,8 +4,8 @@
    (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
    2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
-   products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c or panel_bf16.c, as each matrix is laid
-   out, and attend_rows.c), so the step computes the same function.
+   products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c or panel_bf16.c, as each matrix
+   is laid out, and attend_rows.c), so the step computes the same function.
 
    The element-wise parts are exported too (rms_norm_rows, silu_mul_rows): the PyTorch path calls them
    for every forward this function does not serve (prefill chunks, big trees), so a row's arithmetic is

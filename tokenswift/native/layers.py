@@ -1,8 +1,8 @@
 """The decoder stack for a few new tokens in one native call (`layer_rows.c`), and its element-wise parts.
 
-`NativeStack.build(lean)` returns None where the library cannot serve the model (no compiler, or neither AVX-512 nor AVX2 with FMA,
-matrices not on the native panel kernel, an activation other than SiLU, biases other than q/k/v's, sizes
-that are not multiples of 16); `rms_norm` and `silu_mul` return None where the library is unavailable.
+`NativeStack.build(lean)` returns None where the library cannot serve the model (no compiler, or neither
+AVX-512 nor AVX2 with FMA, matrices not on the native panel kernel, an activation other than SiLU, biases other
+than q/k/v's, sizes that are not multiples of 16); `rms_norm` and `silu_mul` return None where the library is unavailable.
 The lean step then keeps its PyTorch path. Where the library is available the PyTorch path calls the same
 element-wise functions, so every forward computes a row the same way, whichever path runs it.
 """

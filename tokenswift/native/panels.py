@@ -98,9 +98,10 @@ class PanelMatrix:
         if weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[0] % cls.WIDTH or _function() is None:
             return None
         n, k = weight.shape
-        exact = _exactly_bfloat16(weight)
-        amx = k % 32 == 0 and k <= AMX_MAX_K and exact and _amx_function() is not None
-        return cls(weight, amx, bf16=not amx and exact and _bf16_function() is not None)
+        # the bfloat16 test reads the whole weight: only where a kernel could use its answer
+        amx_fits = k % 32 == 0 and k <= AMX_MAX_K and _amx_function() is not None
+        exact = (amx_fits or _bf16_function() is not None) and _exactly_bfloat16(weight)
+        return cls(weight, amx=amx_fits and exact, bf16=exact and not amx_fits)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, K) float32 on CPU -> (T, N) float32; T <= MAX_ROWS for float32 panels, any T on AMX tiles."""

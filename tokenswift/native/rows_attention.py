@@ -1,7 +1,8 @@
 """Attention of a few query rows over a long key range through the native kernel (`attend_rows.c`).
 
-`attend_rows(...)` returns None where the kernel cannot serve (no compiler, or neither AVX-512 nor AVX2 with FMA, a head size other
-than 64 or 128, not float32, keys not laid out as rows of d floats); callers keep their PyTorch path.
+`attend_rows(...)` returns None where the kernel cannot serve (no compiler, or neither AVX-512 nor AVX2 with
+FMA, a head size other than 64 or 128, not float32, keys not laid out as rows of d floats); callers keep their
+PyTorch path.
 """
 from __future__ import annotations
 
