@@ -252,6 +252,34 @@ def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind
 
 
 @needs_stack
+def test_auto_never_plans_past_the_native_stack(monkeypatch):
+    """Past the stack's limit a step takes the PyTorch path (measured 1.7x the time of 16 rows at 17), a step the cost
+    model cannot see: tree="auto" plans at most `max_tokens` rows, and a plan given that bound keeps no more."""
+    from tokenswift import auto, generator
+
+    model = head_dim_64_model("llama-gqa")
+    gen = ts.Generator(model, heads=random_heads(model))
+    stack = gen.adapter.lean.native_stack
+    limit = stack.max_tokens
+    assert stack.serves(limit) and not stack.serves(limit + 1)
+    bounds = []
+
+    def recording_choose(reach, depths, costs, max_rows=auto.MAX_ROWS, **kw):
+        bounds.append(max_rows)
+        return auto.choose(reach, depths, costs, max_rows, **kw)
+
+    monkeypatch.setattr(generator, "choose", recording_choose)
+    pattern = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(5)).tolist() * 6
+    steps = list(gen.stream(pattern, ts.Settings(tree="auto"), 100, detail=False))
+    assert bounds and set(bounds) == {limit}
+    assert max(step.draft_nodes + 1 for step in steps) <= limit
+    flat = auto.CostModel()
+    flat.rows, flat.seconds = [1, 4, 12], [1.0, 1.0, 1.0]  # rows that cost nothing: only the bound stops a plan
+    plan = auto.choose([1.0] + [0.99] * 40, [0] + [1] * 40, flat, limit)
+    assert len(plan.keep) + 1 == limit
+
+
+@needs_stack
 def test_native_compaction_moves_what_the_pytorch_compaction_moves():
     gen = torch.Generator().manual_seed(8)
     caches = [KVCache([torch.device("cpu")] * 3, 60, 2, 64, torch.float32) for _ in range(2)]

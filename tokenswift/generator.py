@@ -300,6 +300,9 @@ class _Run:
         self.datastore = gen.datastore if self.auto and settings.ngram_reuse else None
         self.stats = AcceptanceStats() if self.auto else None
         few_rows_cheap = a.lean is not None and a.lean.native_rows
+        stack = a.lean.native_stack if a.lean is not None else None
+        # auto never plans past the native stack's limit: the cost model cannot see the step to the PyTorch path
+        self.max_rows = min(MAX_ROWS, stack.max_tokens) if stack is not None else MAX_ROWS
         self.costs = CostModel(PRIOR_SHAPE_NATIVE if few_rows_cheap else PRIOR_SHAPE) if self.auto else None
         self.calibration = Calibration() if self.auto else None
         self.payoff = Payoff() if self.auto else None
@@ -581,13 +584,13 @@ class _Run:
         for i in range(1, len(cand)):
             reach.append(reach[cand.parents[i]] * rates[i])
         scale = self.calibration.factor * self.payoff.factor
-        plan = choose(reach, cand.depths, self.costs, calibration=scale)
+        plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
         if plan.keep and self.iteration >= PROBE_AFTER and self.costs.needs_probe(len(self.ids)):
             # drafting looks worth it, and the acceptance rates rest on some evidence: measure, then decide
             t = time.perf_counter()
             self.costs.probe(self.probe_rows, len(self.ids))
             self.probe_s = time.perf_counter() - t
-            plan = choose(reach, cand.depths, self.costs, calibration=scale)
+            plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
         self.expected_drafted = sum(reach[i] for i in plan.keep)
         tree = DraftTree.with_root(last)
         node_of = {0: 0}

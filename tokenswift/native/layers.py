@@ -155,6 +155,12 @@ class NativeStack:
 
         return t <= PANEL_MAX_ROWS and t * (self.hq // self.hkv) <= NATIVE_ROWS
 
+    @property
+    def max_tokens(self) -> int:
+        """The most new tokens one call serves (16 for the default model): beyond, a step takes the PyTorch path,
+        measured 1.7x the time of 16 rows at 17 rows (1.1K context, 2-vCPU AVX2 host)."""
+        return max(t for t in range(1, PANEL_MAX_ROWS + 1) if self.serves(t))
+
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
             block_mask: torch.Tensor | None) -> bool:
         """h (T, hidden) float32 contiguous, updated in place; cos, sin (T, d) contiguous; cache a KVCache of
