@@ -1,9 +1,10 @@
 """Pure pieces of fast drafting: batched per-node penalty windows and decisions, the suffix index, the
 uniform stream, and the cost-aware planner."""
+import pytest
 import torch
 
 import tokenswift as ts
-from tokenswift.auto import AcceptanceStats, Calibration, CostModel, choose
+from tokenswift.auto import PROBE_ROWS, AcceptanceStats, Calibration, CostModel, choose
 from tokenswift.sampling import UniformStream, decide, decide_rows, seen_rows
 from tokenswift.suffix import SuffixIndex
 
@@ -105,6 +106,7 @@ def test_cost_model_interpolates_and_follows_observations():
     assert costs.rows[0] == 1 and all(b >= a for a, b in zip(costs.seconds, costs.seconds[1:]))
     costs.rows, costs.seconds = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0]
     assert abs(costs.cost(8) - 1.65) < 1e-9 and costs.cost(64) > 4.0
+    assert costs.table(70) == pytest.approx([costs.cost(q) for q in range(71)], abs=1e-12)  # a plan's price list
     costs.observe(1, 0.5, 0.0, rate=1.0)  # a cheaper one-row step than probed: the yardstick follows it
     assert costs.cost(1) == 0.5 and all(b >= a for a, b in zip(costs.seconds, costs.seconds[1:]))
     costs.rows, costs.seconds, costs._seen_overhead = [1, 4, 12, 32], [1.0, 1.3, 2.0, 4.0], False
@@ -117,11 +119,12 @@ def test_cost_model_interpolates_and_follows_observations():
 def test_one_slow_first_step_does_not_price_rows_out_for_the_run():
     """Before the first probe the prior curve scales with the median of the latest plain steps: a cold first
     step (kernels built, caches empty) 3x slower than the rest is forgotten within a few steps."""
-    costs = CostModel(prior_shape=(1.0, 1.15, 1.7))
+    shape = (1.0, 1.1, 1.3, 1.7)  # at PROBE_ROWS
+    costs = CostModel(prior_shape=shape)
     costs.observe(1, 3.0, 0.0)
     for _ in range(8):
         costs.observe(1, 1.0, 0.0)
-    assert costs.cost(1) == 1.0 and abs(costs.cost(4) - 1.15) < 1e-9 and abs(costs.cost(12) - 1.7) < 1e-9
+    assert [costs.cost(q) for q in PROBE_ROWS] == pytest.approx(shape, abs=1e-9)
 
 
 def test_ngram_rankings_are_cached_until_their_bucket_changes():

@@ -27,10 +27,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
-PROBE_ROWS = (1, 4, 12)  # rows timed by a probe; costs in between are interpolated, beyond extrapolated
-PRIOR_SHAPE = (1.0, 1.5, 2.6)  # cost of PROBE_ROWS relative to one row before the first probe (PyTorch matmuls)
-PRIOR_SHAPE_NATIVE = (1.0, 1.2, 1.85)  # the same with the native kernels (measured: 1K context, 2-vCPU Xeon, native
-#                                        stack with AMX products: `python -m tokenswift.bench rows`, 1 / 4 / 12 rows)
+PROBE_ROWS = (1, 3, 6, 12)  # rows timed by a probe; costs in between are interpolated, beyond extrapolated. Where
+#                            the products take rows in passes of 3 (AVX2), 1-3 rows cost about one and 4 a step more:
+#                            a probe at 4 alone priced 2 rows 10% above 1 (measured 1.00-1.06), and drafts went unmade
+PRIOR_SHAPE = (1.0, 1.33, 1.78, 2.6)  # cost of PROBE_ROWS relative to one row before the first probe (PyTorch matmuls)
+PRIOR_SHAPE_NATIVE = (1.0, 1.07, 1.47, 3.0)  # the same with the native kernels (measured: 1.1K context, 2-vCPU AMD
+#                                             EPYC, AVX2 only: `python -m tokenswift.bench rows`, 1 / 3 / 6 / 12 rows;
+#                                             a Xeon with AMX measured 1.0 / 1.2 / 1.85 at 1 / 4 / 12)
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
 MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
 #                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)
@@ -113,6 +116,18 @@ class CostModel:
                 return sec[i - 1] * (1 - w) + sec[i] * w
         slope = (sec[-1] - sec[-2]) / (rows[-1] - rows[-2])
         return sec[-1] + slope * (q - rows[-1])
+
+    def table(self, n: int) -> list[float]:
+        """[cost(0), cost(1), ..., cost(n)] in one walk over the probe points (a plan prices every prefix)."""
+        rows, sec = self.rows, self.seconds
+        out = [sec[0]] * (min(n, rows[0]) + 1)
+        seg, last = 1, len(rows) - 1
+        for q in range(len(out), n + 1):
+            while seg < last and q > rows[seg]:
+                seg += 1
+            lo, hi = rows[seg - 1], rows[seg]
+            out.append(sec[seg - 1] + (sec[seg] - sec[seg - 1]) * (q - lo) / (hi - lo))  # beyond the last: its slope
+        return out
 
     def observe(self, q: int, verify_s: float, other_s: float, rate: float = 0.1) -> None:
         """One iteration's measured verification time for q rows and its other time (drafting, bookkeeping)."""
@@ -204,16 +219,17 @@ def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: in
     that rate is at least `min_gain` (default MIN_GAIN) times a plain step's."""
     min_gain = MIN_GAIN if min_gain is None else min_gain
     order = sorted(range(1, len(reach)), key=lambda i: (-reach[i], depths[i], i))[: max_rows - 1]
-    plain_s = costs.cost(1) + costs.overhead
+    overhead = costs.overhead
+    prices = costs.table(len(order) + 1)  # prices[q]: seconds to verify q rows
+    plain_s = prices[1] + overhead
     best_q, best_rate, best_tokens, best_s = 0, 1.0 / plain_s, 1.0, plain_s
     tokens = 1.0
     for q in range(1, len(order) + 1):
         tokens += calibration * reach[order[q - 1]]
-        seconds = costs.cost(q + 1) + costs.overhead
-        rate = tokens / seconds
-        if rate > best_rate:
-            best_q, best_rate, best_tokens, best_s = q, rate, tokens, seconds
+        seconds = prices[q + 1] + overhead
+        if tokens > best_rate * seconds:
+            best_q, best_rate, best_tokens, best_s = q, tokens / seconds, tokens, seconds
     if best_q and best_rate < min_gain / plain_s:  # not worth it: a plain step
         best_q, best_tokens, best_s = 0, 1.0, plain_s
-    note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / costs.cost(1):.2f} steps"
+    note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / prices[1]:.2f} steps"
     return Plan(order[:best_q], best_tokens, note)

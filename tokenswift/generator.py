@@ -283,6 +283,7 @@ class _Run:
             levels = heads.num_heads if self.fused else 1 + heads.num_heads
             self.paths = [p for p in self.paths if len(p) <= levels]
         self.fused_hidden: torch.Tensor | None = None  # (1, H) verification hidden state at the last accepted node
+        self._move_hidden = gen.adapter.layer_devices[-1] != gen.adapter.head_device  # heads on another device
         self.widths = tree_widths(self.paths)
         self.use_ngrams = method == Method.TOKENSWIFT and settings.ngram_reuse and settings.ngram_topk > 0
         if self.auto:
@@ -622,7 +623,7 @@ class _Run:
         root = self.ids[-1]
         h, token = self.one_row_step(timings)
         if self.fused:
-            self.fused_hidden = h.to(self.a.head_device)
+            self.fused_hidden = h.to(self.a.head_device) if self._move_hidden else h
         nodes = [ev.TreeNode(root, -1, 0, Source.ROOT, 1.0, True, None, token)] if self.detail else []
         return [ev.AcceptedToken(token, Source.BONUS, 1)], nodes, 0, note
 
@@ -676,7 +677,8 @@ class _Run:
         self.commit(new_tokens)
         last_row = path[-1] if path else 0
         if self.fused:
-            self.fused_hidden = h[last_row : last_row + 1].to(self.a.head_device)
+            hidden = h[last_row : last_row + 1]
+            self.fused_hidden = hidden.to(self.a.head_device) if self._move_hidden else hidden
         if self.partial is not None:
             self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])
         if keys is not None:
