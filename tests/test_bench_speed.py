@@ -27,8 +27,10 @@ def test_speed_results_structure(tmp_path):
             assert med[m]["wall_tok_s"] > 0
         assert row["hf_peer"]["method"] in bs.HF_RUNS
         assert set(row["ratios"]) == set(bs.RATIO_KEYS)
-        for key in ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar", "tokenswift-paper/ours-ar"):
+        for key in ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar", "tokenswift-auto/ours-ar (paired)",
+                    "tokenswift-paper/ours-ar"):
             assert row["ratios"][key] > 0
+        assert med[bs.PAIRED]["identical"] is True and len(med[bs.PAIRED]["ratios"]) == 1  # one per repeat
         assert med["tokenswift-auto"]["tree"] == "small" and med["tokenswift-paper"]["tree"] == "1x3x3x3"
         if bs.ROWS[row["sampling"]].greedy:
             assert med[bs.PLD]["wall_tok_s"] > 0 and row["ratios"]["tokenswift-auto/hf-prompt-lookup (wall)"] > 0
@@ -39,7 +41,7 @@ def test_speed_results_structure(tmp_path):
             # fp32 engine: lossless, so identical to AR (the flag is what the benchmark reports)
             assert row["lossless"][m]["identical"] is True
     runs = res["runs"]
-    assert len(runs) == sum(len(bs.methods_for(r, set(hf))) for r in bs.ROWS)
+    assert len(runs) == sum(len(bs.methods_for(r, set(hf))) + 1 for r in bs.ROWS)  # + the paired run
     assert all(r["new_tokens"] == 20 for r in runs)
     greedy = next(r for r in res["rows"] if r["sampling"] == "greedy")
     assert greedy["hf_vs_ours_ar_ids"]["hf-fp32"]["identical"]  # HF fp32 greedy == our fp32 AR
@@ -49,7 +51,7 @@ def test_speed_results_structure(tmp_path):
     json.loads(json.dumps(results, default=str))
     table = bs.markdown_table(results)
     assert table.count("\n| 48 |") == len(bs.ROWS)
-    assert len(bs.speed_figure(results).data) == 4
+    assert len(bs.speed_figure(results).data) == 5
 
 
 def test_divergence_report_gives_position_and_gap():
@@ -74,7 +76,23 @@ def test_speed_without_hf_runs_our_methods_only():
     res = bs.run_speed(gen, {}, {48: prompt}, ["greedy+penalty"], tokens=12, repeats=1, auto_tree="auto",
                        progress=False)
     (row,) = res["rows"]
-    assert {r["method"] for r in res["runs"]} == set(bs.OURS)
+    assert {r["method"] for r in res["runs"]} == set(bs.OURS) | {bs.PAIRED}
     assert row["ratios"]["tokenswift-auto/ours-ar"] > 0 and row["lossless"]["tokenswift-auto"]["identical"]
     table = bs.markdown_table({"conditions": {"new_tokens": 12, "threads": 1, "model": "tiny"}, **res})
     assert table.count("\n| 48 |") == 1
+
+
+def test_paired_runs_advance_ar_and_auto_in_turn_and_the_paper_tree_can_be_left_out():
+    """--no-paper: AR and auto (separately and paired) only; the paired run's streams give AR's tokens and a ratio."""
+    model = tiny_model("llama-gqa")
+    gen = ts.Generator(model, heads=random_heads(model))
+    prompt = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(5)).tolist()
+    res = bs.run_speed(gen, {}, {48: prompt}, ["greedy", "paper"], tokens=16, repeats=2, progress=False, paper=False)
+    assert {r["method"] for r in res["runs"]} == {"ours-ar", "tokenswift-auto", bs.PAIRED}
+    for row in res["rows"]:
+        paired = [r for r in res["runs"] if r["method"] == bs.PAIRED and r["sampling"] == row["sampling"]]
+        assert len(paired) == 2 and all(r["identical"] and r["new_tokens"] == 16 and r["ratio"] > 0 for r in paired)
+        assert row["ratios"]["tokenswift-auto/ours-ar (paired)"] == row["medians"][bs.PAIRED]["ratio"]
+        assert row["ratios"]["tokenswift-paper/ours-ar"] is None and "tokenswift-paper" not in row["lossless"]
+    table = bs.markdown_table({"conditions": {"new_tokens": 16, "threads": 1, "model": "tiny"}, **res})
+    assert table.count("\n| 48 |") == 2

@@ -19,6 +19,11 @@ Our methods are timed twice: over the engine's own compute (Result.stats["tokens
 excluded) and by wall clock around `generate` (prefill included). HF can only be timed by wall clock, so
 every ratio against HF uses wall time for both sides; ratios among our methods use compute time.
 
+Every repeat also runs ours-ar and tokenswift-auto *paired*: both streams advanced in turn in one process
+(auto one iteration, then AR until it has as many tokens), each timed by its own engine timings, so that the
+host's drift (whole runs here moved by 10-30% within minutes) hits both alike; `auto / ar (paired)` is the
+median of the per-repeat ratios.
+
 Greedy rows also check losslessness: TokenSwift's token ids against AR's, and at the first differing
 position the top-2 logit gap (after the penalty) from one extra HF forward ("near-tie" below 0.05).
 Writes results.json, table.md and speed.png (plotly, screenshotted by Playwright + Debian's chromium).
@@ -51,6 +56,7 @@ PAPER_TREE = dict(tree="1x3x3x3", ngram_topk=20, draft="paper")
 OURS = ("ours-ar", "tokenswift-auto", "tokenswift-paper")
 HF_RUNS = {"hf-bf16": "bfloat16", "hf-fp32": "float32"}
 PLD = "hf-prompt-lookup"
+PAIRED = "paired"  # run records of ours-ar and tokenswift-auto advanced in turn (see the module docstring)
 METHODS = OURS + tuple(HF_RUNS) + (PLD,)
 HF_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PLD_ARGS = dict(prompt_lookup_num_tokens=10, max_matching_ngram_size=3)
@@ -60,8 +66,8 @@ PENALTY_NOTE = ("HF's repetition_penalty covers the whole context (prompt + outp
 PLD_SKIP = "skipped: sampled row (prompt lookup is compared on greedy rows only)"
 COLUMN_LABELS = {"ours-ar": "ours-ar", "tokenswift-auto": "tokenswift-auto", "tokenswift-paper": "tokenswift-paper",
                  "hf-bf16": "hf-bf16", "hf-fp32": "hf-fp32", PLD: "hf-prompt-lookup"}
-RATIO_KEYS = ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar", "tokenswift-paper/ours-ar",
-              "tokenswift-auto/hf-prompt-lookup (wall)", "tokenswift-auto/ours-ar (wall)",
+RATIO_KEYS = ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar", "tokenswift-auto/ours-ar (paired)",
+              "tokenswift-paper/ours-ar", "tokenswift-auto/hf-prompt-lookup (wall)", "tokenswift-auto/ours-ar (wall)",
               "tokenswift-paper/ours-ar (wall)")
 
 
@@ -88,8 +94,8 @@ def hf_kwargs(row: str) -> dict:
                 repetition_penalty=s.penalty)
 
 
-def methods_for(row: str, have_hf: set[str]) -> list[str]:
-    out = [m for m in OURS]
+def methods_for(row: str, have_hf: set[str], paper: bool = True) -> list[str]:
+    out = [m for m in OURS if paper or m != "tokenswift-paper"]
     out += [m for m in HF_RUNS if HF_RUNS[m] in have_hf]
     if have_hf and ROWS[row].greedy:
         out.append(PLD)
@@ -183,6 +189,39 @@ def ours_generate(gen, ids: list[int], settings: Settings, n: int, method: str, 
 
 
 # ---- losslessness -----------------------------------------------------------------------------------------
+def paired_generate(gen, ids: list[int], row: str, auto_tree: str, n: int, seed: int) -> dict:
+    """ours-ar and tokenswift-auto advanced in turn: auto one iteration, then AR until it has produced as many
+    tokens (the app's alternation). Returns each one's compute-only tok/s (its own step timings, prefill excluded),
+    auto / AR, and whether their tokens are identical."""
+    streams = {"tokenswift-auto": gen.stream(ids, method_settings(row, "tokenswift-auto", auto_tree), n,
+                                             method=Method.TOKENSWIFT, seed=seed, detail=False),
+               "ours-ar": gen.stream(ids, method_settings(row, "ours-ar", auto_tree), n, method=Method.AR, seed=seed,
+                                     detail=False)}
+    tokens: dict[str, list[int]] = {m: [] for m in streams}
+    last: dict[str, object] = {}
+    live = list(streams)
+    while live:
+        for method in list(live):
+            while True:
+                step = next(streams[method], None)
+                if step is None:
+                    live.remove(method)
+                    break
+                tokens[method].extend(step.token_ids)
+                last[method] = step
+                if step.done:
+                    live.remove(method)
+                    break
+                if method == "tokenswift-auto" or len(tokens["ours-ar"]) >= len(tokens["tokenswift-auto"]):
+                    break
+    rates = {m: last[m].generated / last[m].elapsed_s if m in last and last[m].elapsed_s > 0 else 0.0 for m in streams}
+    auto_steps = last["tokenswift-auto"].index + 1 if "tokenswift-auto" in last else 0
+    return {"ar_tok_s": rates["ours-ar"], "auto_tok_s": rates["tokenswift-auto"],
+            "ratio": _ratio(rates["tokenswift-auto"], rates["ours-ar"]),
+            "auto_mean_accepted": len(tokens["tokenswift-auto"]) / max(1, auto_steps),
+            "identical": tokens["tokenswift-auto"] == tokens["ours-ar"], "new_tokens": len(tokens["ours-ar"])}
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -231,8 +270,9 @@ def lossless_check(prompt: list[int], ar: list[list[int]], other: list[list[int]
 # ---- the benchmark ----------------------------------------------------------------------------------------
 def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, list[int]], rows: list[str],
               tokens: int, repeats: int, auto_tree: str = AUTO, seed: int = 0, pld_dtype: str | None = None,
-              progress: bool = True, warmup: bool = True) -> dict:
-    """Run every (context, row) x method `repeats` times, methods alternating in a rotated order.
+              progress: bool = True, warmup: bool = True, paper: bool = True) -> dict:
+    """Run every (context, row) x method `repeats` times, methods alternating in a rotated order, then ours-ar and
+    tokenswift-auto paired (`paired_generate`). paper=False leaves the paper's tree out (a shorter check).
 
     gen: a tokenswift.Generator; hf_models: {"bfloat16": model, "float32": model} (either may be absent;
     empty: no HF columns); prompts: {context length: token ids}. pld_dtype: the HF dtype for prompt lookup
@@ -247,7 +287,7 @@ def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, lis
     have_hf = set(hf_models)
     if warmup:
         _warmup(gen, hf_models, next(iter(prompts.values())), auto_tree, seed)
-    total = sum(len(methods_for(row, have_hf)) for row in rows) * repeats * len(prompts)
+    total = sum(len(methods_for(row, have_hf, paper)) + 1 for row in rows) * repeats * len(prompts)
     bar = tqdm(total=total, file=sys.stderr, disable=not progress, desc="speed", dynamic_ncols=True)
     runs: list[dict] = []
     out_rows: list[dict] = []
@@ -258,7 +298,7 @@ def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, lis
     try:
         for context, ids in prompts.items():
             for row in rows:
-                methods = methods_for(row, have_hf)
+                methods = methods_for(row, have_hf, paper)
                 toks: dict[str, list[list[int]]] = {m: [] for m in methods}
                 cell_runs: list[dict] = []
                 row_pld = pld_dtype
@@ -287,6 +327,12 @@ def run_speed(gen, hf_models: dict[str, torch.nn.Module], prompts: dict[int, lis
                         cell_runs.append(rec)
                         runs.append(rec)
                         bar.update(1)
+                    bar.set_postfix_str(f"{context} {row} {PAIRED} #{r + 1}")
+                    rec = {"context": context, "sampling": row, "method": PAIRED, "repeat": r,
+                           **paired_generate(gen, ids, row, auto_tree, tokens, seed)}
+                    cell_runs.append(rec)
+                    runs.append(rec)
+                    bar.update(1)
                 out_rows.append(_summarize_row(context, row, ids, methods, cell_runs, toks, row_pld, gap_models))
     finally:
         bar.close()
@@ -348,9 +394,15 @@ def _summarize_row(context: int, row: str, prompt: list[int], methods: list[str]
     def get(method: str, key: str) -> float | None:
         return medians.get(method, {}).get(key)
 
+    paired = [r for r in cell_runs if r["method"] == PAIRED]
+    if paired:
+        medians[PAIRED] = {"ratio": _median([r["ratio"] for r in paired]),
+                           "ratios": [r["ratio"] for r in paired], "identical": all(r["identical"] for r in paired),
+                           "mean_accepted": _median([r["auto_mean_accepted"] for r in paired])}
     ratios = {
         "ours-ar/hf-peer (wall)": _ratio(get("ours-ar", "wall_tok_s"), hf_peer["wall_tok_s"] if hf_peer else None),
         "tokenswift-auto/ours-ar": _ratio(get("tokenswift-auto", "tok_s"), get("ours-ar", "tok_s")),
+        "tokenswift-auto/ours-ar (paired)": get(PAIRED, "ratio"),
         "tokenswift-paper/ours-ar": _ratio(get("tokenswift-paper", "tok_s"), get("ours-ar", "tok_s")),
         "tokenswift-auto/hf-prompt-lookup (wall)": _ratio(get("tokenswift-auto", "wall_tok_s"), get(PLD, "wall_tok_s")),
         "tokenswift-auto/ours-ar (wall)": _ratio(get("tokenswift-auto", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
@@ -358,7 +410,7 @@ def _summarize_row(context: int, row: str, prompt: list[int], methods: list[str]
     }
     settings = ROWS[row]
     lossless = {m: lossless_check(prompt, toks["ours-ar"], toks[m], settings, gap_models)
-                for m in ("tokenswift-auto", "tokenswift-paper")}
+                for m in ("tokenswift-auto", "tokenswift-paper") if m in toks}
     lossless["ours-ar repeats identical"] = all(t == toks["ours-ar"][0] for t in toks["ours-ar"])
     hf_same = {}
     for m in hf + ([PLD] if PLD in methods else []):
@@ -383,6 +435,8 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 def _lossless_cell(row: dict) -> str:
     parts = []
     for m, short in (("tokenswift-auto", "auto"), ("tokenswift-paper", "paper")):
+        if m not in row["lossless"]:
+            continue
         c = row["lossless"][m]
         if c["identical"]:
             parts.append(f"{short} =")
@@ -397,9 +451,9 @@ def _lossless_cell(row: dict) -> str:
 
 def markdown_table(results: dict) -> str:
     head = ["context", "sampling", "ours-ar", "tokenswift-auto", "tokenswift-paper", "hf-bf16", "hf-fp32",
-            "hf-prompt-lookup", "ar / hf-peer (wall)", "auto / ar", "paper / ar", "auto / PLD (wall)",
-            "ids vs ours-ar"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 10 + ["---"]) + "|"]
+            "hf-prompt-lookup", "ar / hf-peer (wall)", "auto / ar", "auto / ar (paired)", "paper / ar",
+            "auto / PLD (wall)", "ids vs ours-ar"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 11 + ["---"]) + "|"]
     for row in results["rows"]:
         med = row["medians"]
         cells = [f"{row['context']:,}", row["sampling"]]
@@ -422,15 +476,20 @@ def markdown_table(results: dict) -> str:
             cells.append(f"{_fmt(x['wall_tok_s'])} ({x['dtype'].replace('bfloat16', 'bf16').replace('float32', 'fp32')})")
         r = row["ratios"]
         cells += [_fmt(r[k], 2) for k in ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar",
-                                          "tokenswift-paper/ours-ar", "tokenswift-auto/hf-prompt-lookup (wall)")]
-        cells.append(_lossless_cell(row))
+                                          "tokenswift-auto/ours-ar (paired)", "tokenswift-paper/ours-ar",
+                                          "tokenswift-auto/hf-prompt-lookup (wall)")]
+        ids = _lossless_cell(row)
+        if PAIRED in med and not med[PAIRED]["identical"]:
+            ids += "; paired ≠"
+        cells.append(ids)
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "tok/s, medians over repeats. Our methods: compute-only tok/s (engine's own compute, prefill excluded) / "
         "wall tok/s (prefill included); TokenSwift adds tokens per iteration. HF columns: wall tok/s including "
         "prefill (bold: hf-peer, the faster dtype). `ar / hf-peer` and `auto / PLD` compare wall times "
-        "(both sides include prefill); `auto / ar` and `paper / ar` compare compute-only tok/s.",
+        "(both sides include prefill); `auto / ar` and `paper / ar` compare compute-only tok/s. `auto / ar (paired)`: "
+        "the median over repeats of auto / AR with both advanced in turn in one run (the host's drift hits both alike).",
         f"Penalty rows: {PENALTY_NOTE}. Ids: `=` identical to ours-ar in every repeat, `≠ @i` first differing "
         f"position, with the top-2 logit gap of AR's logits there after the penalty (near-tie below {NEAR_TIE}).",
     ]
@@ -442,6 +501,7 @@ def speed_figure(results: dict):
 
     labels = [f"{r['context']:,} · {r['sampling']}" for r in results["rows"]]
     series = [("tokenswift-auto (compute)", "tokenswift-auto/ours-ar"),
+              ("tokenswift-auto (paired)", "tokenswift-auto/ours-ar (paired)"),
               ("tokenswift-paper (compute)", "tokenswift-paper/ours-ar"),
               ("hf-peer (wall)", "ours-ar/hf-peer (wall)"),
               ("hf-prompt-lookup (wall)", None)]
@@ -570,7 +630,7 @@ def headline(results: dict) -> list[str]:
     out = []
     for row in results["rows"]:
         r = row["ratios"]
-        parts = [f"{k} {_fmt(r[k], 2)}x" for k in RATIO_KEYS[:4] if r[k] is not None]
+        parts = [f"{k} {_fmt(r[k], 2)}x" for k in RATIO_KEYS[:5] if r[k] is not None]
         out.append(f"{row['context']:,} {row['sampling']}: " + ", ".join(parts))
         for note in row["notes"]:
             if note != PENALTY_NOTE:
@@ -597,6 +657,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-hf", action="store_true",
                    help="only our methods (AR, auto, paper tree): a shorter side-by-side check of auto / AR")
+    p.add_argument("--no-paper", action="store_true",
+                   help="leave the paper's tree out (at 16K context it takes about 6x the time of AR)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -619,13 +681,15 @@ def run_cli(args: argparse.Namespace) -> int:
     prompts = {k: prompts[k] for k in args.contexts}
     cond = conditions(gen, {"model": args.model, "new_tokens": args.tokens, "repeats": args.repeats,
                             "auto_tree": args.auto_tree, "seed": args.seed, "rows": list(args.rows),
+                            "paper_tree": not args.no_paper,
                             "contexts": list(args.contexts), "hf_dtypes": list(hf_models),
                             "pld_dtype": args.pld_dtype or "faster HF dtype of each row's first repeat"}, prompts)
     print_conditions(cond)
     sys.stdout.flush()
     t = time.perf_counter()
     results = run_speed(gen, hf_models, {k: v["ids"] for k, v in prompts.items()}, list(args.rows), args.tokens,
-                        args.repeats, args.auto_tree, args.seed, args.pld_dtype, progress=not args.no_progress)
+                        args.repeats, args.auto_tree, args.seed, args.pld_dtype, progress=not args.no_progress,
+                        paper=not args.no_paper)
     cond["bench_wall_s"] = round(time.perf_counter() - t, 1)
     results = {"benchmark": "speed", "conditions": cond, **results}
     out = Path(args.out_dir)
