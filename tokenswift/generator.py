@@ -298,6 +298,7 @@ class _Run:
         self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.cache_dtype)
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
         self.suffix = SuffixIndex() if self.auto and settings.ngram_reuse else None
+        self.indexed = 0  # tokens of self.ids the n-gram table and the suffix index have seen (index_new_tokens)
         self.datastore = gen.datastore if self.auto and settings.ngram_reuse else None
         self.stats = AcceptanceStats() if self.auto else None
         few_rows_cheap = a.lean is not None and a.lean.native_rows
@@ -378,10 +379,7 @@ class _Run:
         queries = self.prefill(stop)
         if queries is None:
             return
-        if self.ngrams is not None:
-            self.ngrams.extend(self.ids)
-        if self.suffix is not None:
-            self.suffix.extend(self.ids)
+        self.index_new_tokens()
         if self.partial_wanted:
             report = self.a.num_layers // 2
             self.partial = PartialKVCache(self.full, self.s.kv_budget, self.s.kv_sink, self.s.recent_capacity,
@@ -428,10 +426,21 @@ class _Run:
         n = len(self.ids)
         self.ids.extend(tokens)
         self._seq_view[n : n + len(tokens)] = tokens
+
+    def index_new_tokens(self) -> None:
+        """Bring the n-gram table and the suffix index up to the committed tokens. Called where drafts are
+        looked up, not at every commit: while auto's planner rests (temperature 1: most iterations) the tables
+        are not read, and a batch is indexed exactly as the same tokens one commit at a time."""
+        if self.ngrams is None and self.suffix is None:
+            return
+        new = self.ids[self.indexed :]
+        if not new:
+            return
         if self.ngrams is not None:
-            self.ngrams.extend(tokens)
+            self.ngrams.extend(new)
         if self.suffix is not None:
-            self.suffix.extend(tokens)
+            self.suffix.extend(new)
+        self.indexed = len(self.ids)
 
     def decide(self, logits: torch.Tensor, extras: list[list[int]] | None, depths: list[int]) -> tuple[list[int], torch.Tensor | None]:
         """Every row's target token at once (argmax, or a sample with the uniform of its depth: the walk
@@ -501,6 +510,7 @@ class _Run:
         last = self.ids[-1]
         tree = DraftTree.with_root(last)
         firsts: list[int] = []
+        self.index_new_tokens()
         if self.paths:
             cands, cprobs = self.head_candidates()
             for tokens, p in build_head_paths(cands, cprobs, self.paths):
@@ -531,6 +541,7 @@ class _Run:
             return DraftTree.with_root(last), [[]], f"0 nodes: no draft paid in the last {self.plan_idle} plans"
         cand = DraftTree.with_root(last)
         rates, keys = [1.0], [[]]
+        self.index_new_tokens()
 
         def add(tokens: list[int], source: str, probs: list[float], kinds: list[tuple], priors: list[float]) -> None:
             nodes = cand.add_path(tokens, source, probs)
