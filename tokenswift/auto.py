@@ -34,6 +34,9 @@ PRIOR_SHAPE = (1.0, 1.33, 1.78, 2.6)  # cost of PROBE_ROWS relative to one row b
 PRIOR_SHAPE_NATIVE = (1.0, 1.07, 1.47, 3.0)  # the same with the native kernels (measured: 1.1K context, 2-vCPU AMD
 #                                             EPYC, AVX2 only: `python -m tokenswift.bench rows`, 1 / 3 / 6 / 12 rows;
 #                                             a Xeon with AMX measured 1.0 / 1.2 / 1.85 at 1 / 4 / 12)
+PROBE_TIMED = 6  # a probe times the points up to this many rows; beyond, the prior's shape scales the last timed
+#                 one until plans that wide correct it (a 12-row verification costs 3 steps here, and at temperature
+#                 1 plans rarely pass 4 rows)
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
 MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
 #                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)
@@ -90,13 +93,16 @@ class CostModel:
         self.rows, self.seconds = list(PROBE_ROWS), [one_row * f for f in self.prior_shape]
 
     def probe(self, verify: Callable[[int], None], context: int) -> None:
-        """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q (a probe
-        at 1K context costs about 3 steps; every iteration corrects the curve afterwards, so one hiccup does
-        not mislead a whole run). One row is not timed again: plain steps measure it."""
+        """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q up to
+        PROBE_TIMED (a probe at 1K context costs about 2.5 steps; every iteration corrects the curve afterwards,
+        so one hiccup does not mislead a whole run). One row is not timed again: plain steps measure it."""
         times = []
-        for q in PROBE_ROWS:
+        for i, q in enumerate(PROBE_ROWS):
             if q == 1 and self.rows:  # one row is measured by every plain step already
                 times.append(self.seconds[0])
+                continue
+            if q > PROBE_TIMED and i:  # the prior's step from the last timed point
+                times.append(times[-1] * self.prior_shape[i] / self.prior_shape[i - 1])
                 continue
             t = time.perf_counter()
             verify(q)
