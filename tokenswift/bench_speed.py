@@ -620,9 +620,11 @@ def print_conditions(c: dict) -> None:
           f"HF copies in {', '.join(c['hf_dtypes']) or 'none'}")
     for k, v in c["prompts"].items():
         print(f"prompt {int(k):,} tokens: {v['source']}")
-    print(f"new tokens: {c['new_tokens']}, repeats: {c['repeats']} (method order rotated per repeat), seed {c['seed']}")
+    print(f"new tokens: {c['new_tokens']}, repeats: {c['repeats']} (method order rotated per repeat, then ours-ar and "
+          f"tokenswift-auto paired), seed {c['seed']}")
+    paper = PAPER_TREE if c.get("paper_tree", True) else "left out (--no-paper)"
     print(f"tokenswift-auto tree: {c['auto_tree']!r} (datastore of continuations: {c.get('datastore_contexts', 0):,} contexts); "
-          f"tokenswift-paper: {PAPER_TREE}")
+          f"tokenswift-paper: {paper}")
     print(f"rows: {', '.join(c['rows'])}; note: {PENALTY_NOTE}")
 
 
