@@ -82,8 +82,8 @@ class CostModel:
         return context >= grown
 
     def seed(self, step_s: float) -> None:
-        """Before any probe: a prior curve scaled from the measured one-row step (the shape measured on a
-        2-vCPU Xeon at 1K context), the median of the latest PRIOR_STEPS plain steps, so that one slow step
+        """Before any probe: a prior curve scaled from the measured one-row step (a shape measured at 1K context,
+        see PRIOR_SHAPE_NATIVE), the median of the latest PRIOR_STEPS plain steps, so that one slow step
         (a cold first call, a hiccup of the machine) cannot price rows out for the whole run. The probe
         runs only once a plan under this prior wants to draft, so a run where nothing pays never probes."""
         if self.probed_context:
