@@ -287,9 +287,57 @@ static void NAME(const float *p, const float *v, float *out, int rows, int s, in
 #if defined(__AVX512F__)
 DEFINE_VALUES(values_d64, 6, 4)
 DEFINE_VALUES(values_d128, 3, 8)
-#else  /* 16 registers of 8 floats: one row's sums (8 or 16 of them) at a time */
-DEFINE_VALUES(values_d64, 1, 4)
-DEFINE_VALUES(values_d128, 1, 8)
+#else
+/* AVX2 (16 registers of 8 floats): a row's 64 sums would take 8 registers, so passes take 32 columns of up to 3
+   rows (12 accumulators; the values are read as operands of the fused multiply-adds). The column slices of a
+   value row are distinct cache lines, so every slice's first pass streams its own lines from memory: with one
+   group of rows (one new token) the passes read the values once, back to back, with nothing re-read. With
+   several groups, the later groups of a slice re-read it from the L1 cache while memory would idle: there, every
+   pass prefetches its share of the next chunk's lines for its slice instead. */
+#define SLICE 32
+#define DEFINE_VALUES_AVX2(NAME, D)                                                                  \
+static void NAME(const float *p, const float *v, float *out, int rows, int s, int s_pad) {          \
+    const int groups = (rows + 2) / 3;                                                              \
+    const size_t share = ((size_t)1 << 16) / (size_t)groups;  /* next-chunk keys per key step, 16.16 */ \
+    for (int j0 = 0; j0 < s; j0 += VALUE_CHUNK) {                                                   \
+        int j1 = s - j0 < VALUE_CHUNK ? s : j0 + VALUE_CHUNK;                                       \
+        for (int c0 = 0; c0 < D; c0 += SLICE) {                                                     \
+            const float *following = v + (size_t)j1 * D + c0;  /* the next chunk's slice */          \
+            for (int gi = 0; gi < groups; gi++) {                                                   \
+                int r0 = 3 * gi, g = rows - r0 < 3 ? rows - r0 : 3;                                 \
+                const float *p0 = p + (size_t)r0 * s_pad;                                           \
+                const float *p1 = g > 1 ? p0 + s_pad : p0, *p2 = g > 2 ? p0 + 2 * (size_t)s_pad : p1; \
+                __m256 acc[3][4];                                                                   \
+                for (int a = 0; a < 3; a++)                                                         \
+                    for (int b = 0; b < 4; b++)                                                     \
+                        acc[a][b] = (j0 && a < g) ? _mm256_loadu_ps(out + (size_t)(r0 + a) * D + c0 + 8 * b) \
+                                                  : _mm256_setzero_ps();                            \
+                size_t ahead = (size_t)gi * VALUE_CHUNK * share;                                    \
+                for (int j = j0; j < j1; j++) {                                                     \
+                    const float *vj = v + (size_t)j * D + c0;                                       \
+                    const float *pf = groups == 1 ? vj + (size_t)VALUE_AHEAD * D                    \
+                                                  : following + (ahead >> 16) * D;                  \
+                    _mm_prefetch((const char *)pf, AHEAD_HINT);                                     \
+                    _mm_prefetch((const char *)(pf + 16), AHEAD_HINT);                              \
+                    ahead += share;                                                                 \
+                    /* 3 weights, one value register, 12 accumulators: 16 registers (rows past g repeat \
+                       the last row's weight into sums that are never stored) */                    \
+                    __m256 w0 = _mm256_set1_ps(p0[j]), w1 = _mm256_set1_ps(p1[j]), w2 = _mm256_set1_ps(p2[j]); \
+                    for (int b = 0; b < 4; b++) {                                                   \
+                        __m256 vb = _mm256_loadu_ps(vj + 8 * b);                                    \
+                        acc[0][b] = _mm256_fmadd_ps(w0, vb, acc[0][b]);                             \
+                        acc[1][b] = _mm256_fmadd_ps(w1, vb, acc[1][b]);                             \
+                        acc[2][b] = _mm256_fmadd_ps(w2, vb, acc[2][b]);                             \
+                    }                                                                               \
+                }                                                                                   \
+                for (int a = 0; a < g; a++)                                                         \
+                    for (int b = 0; b < 4; b++) _mm256_storeu_ps(out + (size_t)(r0 + a) * D + c0 + 8 * b, acc[a][b]); \
+            }                                                                                       \
+        }                                                                                           \
+    }                                                                                               \
+}
+DEFINE_VALUES_AVX2(values_d64, 64)
+DEFINE_VALUES_AVX2(values_d128, 128)
 #endif
 
 int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,
