@@ -453,3 +453,32 @@ def test_heads_draft_over_the_first_token_ids_on_a_cpu():
     draft = gen.run_heads(hidden, 3, draft_vocab=True)
     assert draft.shape == (3, 2, 1024)
     assert torch.allclose(draft, full[..., :1024], rtol=1e-5, atol=1e-4)
+
+
+@needs_stack
+def test_native_heads_propose_what_the_pytorch_heads_propose():
+    """Under tree="auto" the heads' drafts (each head's top ids over the drafting vocabulary, with their softmax
+    probabilities) come from one native call (NativeHeads, `heads_top` in layer_rows.c): the same ids as the lean
+    PyTorch heads' softmax and top-k, and the same probabilities to float32 rounding, for 1-3 heads and 1-5 ids."""
+    gen = ts.Generator.from_pretrained(ROOT / "assets" / "default-model")
+    native = gen._native_heads
+    assert native is not None and native.vocab == gen.adapter.lean.draft_vocab
+    g = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        hidden = torch.randn(1, gen.adapter.hidden_size, generator=g) * (1 + trial)
+        for levels, k in ((1, 1), (3, 3), (2, 5)):
+            ids, probs = native.top(hidden, levels, k)
+            logits = gen.run_heads(hidden, levels, draft_vocab=True)[:, 0].float()
+            want = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+            assert ids == want.indices.tolist(), (trial, levels, k)
+            assert torch.allclose(torch.tensor(probs), want.values, rtol=1e-4, atol=1e-6)
+    assert native.top(hidden, 4, 3) is None and native.top(hidden, 1, 17) is None  # more heads or ids than it serves
+    assert native.top(hidden.double(), 1, 3) is None
+
+
+def test_head_drafts_fall_back_to_pytorch_without_the_native_heads():
+    gen = ts.Generator.from_pretrained(ROOT / "assets" / "default-model")
+    hidden = torch.randn(1, gen.adapter.hidden_size)
+    with_native = gen.head_drafts(hidden, 3, 3)
+    gen._native_heads = None
+    assert gen.head_drafts(hidden, 3, 3)[0] == with_native[0]

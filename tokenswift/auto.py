@@ -40,6 +40,8 @@ PROBE_TIMED = 6  # a probe times the points up to this many rows; beyond, the pr
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
 MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
 #                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)
+MIN_REACH = 0.01  # candidates the walk would reach and accept with less than this probability (after calibration)
+#                  are not offered: a row costs at least 1-4% of a step here (1 to 3 rows), so such a node never pays
 PRIOR_STEPS = 9  # plain steps whose median time scales the prior curve until the first probe
 REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe ...
 REPROBE_MIN_TOKENS = 2048  # ... and by at least this many tokens (short contexts cost about the same)

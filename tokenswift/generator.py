@@ -13,12 +13,14 @@ from torch import nn
 from . import events as ev
 from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
-from .auto import PRIOR_SHAPE, PRIOR_SHAPE_NATIVE, AcceptanceStats, Calibration, CostModel, MAX_ROWS, PROBE_ROWS, Payoff, choose
+from .auto import (MAX_ROWS, MIN_REACH, PRIOR_SHAPE, PRIOR_SHAPE_NATIVE, PROBE_ROWS, AcceptanceStats, Calibration,
+                   CostModel, Payoff, Plan, choose)
 from .heads import Heads, read_head_tensors
 from .datastore import ORDERS as DATASTORE_ORDERS, Datastore, find as find_datastore
 from .kv_cache import KVCache
 from .lean import LeanHeads
 from .native import decide as native_decide
+from .native import layers as native_layers
 from .ngram import NGramTable
 from .partial_cache import PartialKVCache
 from .sampling import UniformStream, decide_rows, penalize_rows, seen_rows
@@ -52,6 +54,7 @@ class Generator:
         self.adapter = ModelAdapter(model)
         self._heads: Heads | None = None
         self._lean_heads: LeanHeads | None = None
+        self._native_heads: native_layers.NativeHeads | None = None
         if heads is not None:
             self.set_heads(heads)
         self.datastore: Datastore | None = None
@@ -118,6 +121,19 @@ class Generator:
         self._heads = heads
         lean = self.adapter.lean
         self._lean_heads = LeanHeads(heads, lean.compute_dtype) if heads is not None and lean is not None else None
+        self._native_heads = native_layers.NativeHeads.build(self._lean_heads, lean.draft_head) if self._lean_heads else None
+
+    def head_drafts(self, hidden: torch.Tensor, levels: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """hidden (1, H) before the final norm -> per head (the first `levels`), its k most likely ids over the
+        drafting vocabulary (`run_heads(..., draft_vocab=True)`) and their softmax probabilities, most likely first:
+        in one native call where the kernels serve (tokenswift/native/layers.py NativeHeads), else through PyTorch."""
+        if self._native_heads is not None:
+            found = self._native_heads.top(hidden, levels, k)
+            if found is not None:
+                return found
+        logits = self.run_heads(hidden, levels, draft_vocab=True)[:, 0].float()  # (levels, V')
+        top = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        return top.indices.tolist(), top.values.tolist()
 
     def run_heads(self, hidden: torch.Tensor, levels: int, draft_vocab: bool = False) -> torch.Tensor:
         """hidden (T, H) before the final norm -> the first `levels` heads' LM-head logits, (levels, T, V).
@@ -448,8 +464,10 @@ class _Run:
         extras: per row its drafted ancestors and itself, for the penalty window (None without a penalty)."""
         u = None
         if not self.s.greedy:
-            ahead = self.uniforms.peek(max(depths) + 1)
-            u = ahead[:1] if len(depths) == 1 else ahead[torch.tensor(depths)]
+            if len(depths) == 1:  # one row, the root (an AR-cost step): the next uniform
+                u = self.uniforms.peek(1)
+            else:
+                u = self.uniforms.peek(max(depths) + 1)[torch.tensor(depths)]
         fast = native_decide.decide_rows(logits, self.seq, len(self.ids), self.s.penalty_window, extras, self.s, u,
                                          want_probs=self.detail)
         if fast is not None:  # the same chain in one native pass (about 20 us instead of 0.2-0.8 ms)
@@ -495,7 +513,11 @@ class _Run:
         return torch.cat(rows)
 
     def head_candidates(self) -> tuple[list[list[int]], list[list[float]]]:
-        """Ranked tokens and their draft probabilities per depth (the base window's penalty applied)."""
+        """Ranked tokens and their draft probabilities per depth (the base window's penalty applied, except under
+        auto, which ranks by the raw heads over the drafting vocabulary: its rates are measured)."""
+        if self.auto and self.fused_hidden is not None:
+            cands, cprobs = self.gen.head_drafts(self.fused_hidden, len(self.widths), max(self.widths))
+            return [c[:w] for c, w in zip(cands, self.widths)], [p[:w] for p, w in zip(cprobs, self.widths)]
         logits = self.head_logits(len(self.widths)).float()  # (depths, V)
         if self.s.penalty != 1.0 and not self.auto:  # auto ranks by the raw heads (its rates are measured)
             seen = self.seen([[]]).expand(logits.shape[0], -1)
@@ -540,19 +562,38 @@ class _Run:
         if self.iteration < self.plan_next:  # nothing paid lately: rest the planner (its Python costs ~6% of a step)
             return DraftTree.with_root(last), [[]], f"0 nodes: no draft paid in the last {self.plan_idle} plans"
         cand = DraftTree.with_root(last)
-        rates, keys = [1.0], [[]]
+        rates, keys, reach = [1.0], [[]], [1.0]
         self.index_new_tokens()
+        scale = self.calibration.factor * self.payoff.factor
+        # a node whose walk probability (times the scale) is below MIN_REACH could never pay for its row, and its
+        # descendants are less likely still: a proposal is cut there (at temperature 1 most chains end within
+        # a node or two, so planning stays cheap; greedy chains are likely and go on)
+        floor = MIN_REACH / max(scale, 1e-9)
+
+        def link(node: int, token: int, source: str, prob: float, kind: tuple, prior: float) -> int | None:
+            """The child of `node` for this proposed token (made if new and likely enough), or None where cut."""
+            rate = self.stats.rate(kind, prior)
+            child = cand.children[node].get(token)
+            if child is None:
+                likely = reach[node] * rate
+                if likely < floor:
+                    return None
+                child = cand.add_node(node, token, source, prob)
+                rates.append(rate)
+                keys.append([kind])
+                reach.append(likely)
+            else:  # merged proposals: the larger rate (reach is recomputed from the final rates below)
+                if rate > rates[child]:
+                    rates[child] = rate
+                keys[child].append(kind)
+            return child
 
         def add(tokens: list[int], source: str, probs: list[float], kinds: list[tuple], priors: list[float]) -> None:
-            nodes = cand.add_path(tokens, source, probs)
-            for node, kind, prior in zip(nodes, kinds, priors):
-                rate = self.stats.rate(kind, prior)
-                if node == len(rates):  # new node
-                    rates.append(rate)
-                    keys.append([kind])
-                else:
-                    rates[node] = max(rates[node], rate)
-                    keys[node].append(kind)
+            node: int | None = 0
+            for i, token in enumerate(tokens):
+                node = link(node, token, source, probs[i], kinds[i], priors[i])
+                if node is None:
+                    return
 
         if self.suffix is not None:
             m, cont = self.suffix.lookup(SUFFIX_DRAFT)
@@ -562,22 +603,21 @@ class _Run:
                 add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [prior] * len(cont))
         if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
             context = self.ids[-DATASTORE_CONTEXT:]  # runner-up continuation at depth 1
-            chain, shares, kinds = [], [], []
+            node = 0
             for depth in range(1, DATASTORE_DRAFT + 1):
                 order, found = self.datastore.lookup(context)
                 if not found:
                     break
                 if depth == 1:
                     for token, share in found[1:]:
-                        add([token], Source.NGRAM, [share], [(Source.DATASTORE, order, _prob_bucket(share), 1)],
-                            [min(PRIOR_CAP, share * self.prior_scale)])
+                        link(0, token, Source.NGRAM, share, (Source.DATASTORE, order, _prob_bucket(share), 1),
+                             min(PRIOR_CAP, share * self.prior_scale))
                 token, share = found[0]
-                chain.append(token)
-                shares.append(share)
-                kinds.append((Source.DATASTORE, order, _prob_bucket(share), min(depth, 3)))
+                node = link(node, token, Source.NGRAM, share, (Source.DATASTORE, order, _prob_bucket(share), min(depth, 3)),
+                            min(PRIOR_CAP, share * self.prior_scale))
+                if node is None:  # cut: the next links would be less likely still
+                    break
                 context = context[1:] + [token]
-            if chain:
-                add(chain, Source.NGRAM, shares, kinds, [min(PRIOR_CAP, share * self.prior_scale) for share in shares])
         consult_heads = bool(self.paths) and self.fused_hidden is not None and self.iteration >= self.head_next
         if consult_heads:
             cands, cprobs = self.head_candidates()
@@ -592,11 +632,12 @@ class _Run:
                 kinds = [(Source.NGRAM, j + 1, _prob_bucket(share)) for j in range(len(cont))]
                 add(list(cont), Source.NGRAM, [share] * len(cont), kinds, [0.3 * share * self.prior_scale] * len(cont))
 
-        reach = [1.0]
-        for i in range(1, len(cand)):
-            reach.append(reach[cand.parents[i]] * rates[i])
-        scale = self.calibration.factor * self.payoff.factor
-        plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
+        for i in range(1, len(cand)):  # from the final (merged) rates
+            reach[i] = reach[cand.parents[i]] * rates[i]
+        if len(cand) == 1:
+            plan = Plan([], 1.0, "0 nodes: no likely draft")
+        else:
+            plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
         if plan.keep and self.iteration >= PROBE_AFTER and self.costs.needs_probe(len(self.ids)):
             # drafting looks worth it, and the acceptance rates rest on some evidence: measure, then decide
             t = time.perf_counter()
@@ -724,8 +765,10 @@ class _Run:
 AUTO_HEAD_TREE = "3x1x1"  # the head candidates auto may draw from (it keeps only those that pay; measured:
 #                           it rarely keeps more than 10 nodes, and every offered node costs Python time)
 PLANNER_REST_LOG2 = 5  # the planner rests at most 2**5 iterations after plans that kept nothing
-HEAD_REST_LOG2 = 6  # unused heads are consulted at least every 2**6 iterations (a consult costs about 1.3 ms here:
-#                     three head blocks and three LM-head rows; at paper sampling they rarely pay)
+HEAD_REST_LOG2 = 6  # unused heads are consulted at least every 2**6 iterations (a consult, three head blocks and three
+#                     LM-head rows, costs about 0.2 ms in the decode loop through the native heads, 0.8 ms without;
+#                     at paper sampling they rarely pay: consulting at least every 2**3 measured the same, 0.989
+#                     against 0.991 in the app-like check)
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
 PROBE_AFTER = 16  # iterations before the first cost probe: until then plans price rows by the prior curve
 SAMPLED_PRIOR_SCALE = 0.5  # suffix and 4-gram priors when sampling (the stats replace them within a few visits)

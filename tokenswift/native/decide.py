@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -56,23 +57,27 @@ def decide_rows(logits: torch.Tensor, history: torch.Tensor, n: int, window: int
     work = _work(vocab, rows)
     offsets_ptr = extras_ptr = None
     if settings.penalty != 1.0:  # one int64 buffer: rows + 1 offsets, then the extras back to back
-        flat = [tok for extra in extras for tok in extra]
-        if len(flat) + rows + 1 > work.ints.shape[0]:
-            work.ints = np.empty(2 * (len(flat) + rows + 1), dtype=np.int64)
+        total = sum(map(len, extras))
+        if total + rows + 1 > work.ints.shape[0]:
+            work.grow(2 * (total + rows + 1))
         ints = work.ints
-        ints[0] = 0
-        np.cumsum([len(extra) for extra in extras], out=ints[1 : rows + 1])
-        ints[rows + 1 : rows + 1 + len(flat)] = flat
-        offsets_ptr = ints.ctypes.data
+        if total == 0:  # an AR-cost step (extras [[]]) or a tree of roots only: every offset is 0
+            ints[: rows + 1] = 0
+        else:
+            ints[0] = 0
+            ints[1 : rows + 1] = list(accumulate(map(len, extras)))
+            ints[rows + 1 : rows + 1 + total] = [tok for extra in extras for tok in extra]
+        offsets_ptr = work.ints_ptr
         extras_ptr = offsets_ptr + 8 * (rows + 1)
-    u = None
+    u_ptr = None
     if not greedy:
-        u = uniforms if uniforms.dtype == torch.float64 and uniforms.is_contiguous() else uniforms.to(torch.float64).contiguous()
+        if uniforms.dtype != torch.float64 or not uniforms.is_contiguous():
+            uniforms = uniforms.to(torch.float64).contiguous()
+        u_ptr = uniforms.data_ptr()
     probs = torch.empty(rows, vocab, dtype=torch.float32) if want_probs else None
-    code = kernel(logits.data_ptr(), rows, vocab, history.data_ptr(), int(n), int(window), extras_ptr, offsets_ptr,
-                  float(settings.penalty), int(greedy), float(settings.temperature if not greedy else 1.0),
-                  float(settings.min_p), u.data_ptr() if u is not None else None, work.tokens_ptr,
-                  probs.data_ptr() if probs is not None else None, work.scratch_ptr, work.mark_ptr)
+    code = kernel(logits.data_ptr(), rows, vocab, history.data_ptr(), n, window, extras_ptr, offsets_ptr,
+                  settings.penalty, greedy, settings.temperature if not greedy else 1.0, settings.min_p, u_ptr,
+                  work.tokens_ptr, probs.data_ptr() if probs is not None else None, work.scratch_ptr, work.mark_ptr)
     if code != 0:
         return None
     return work.tokens[:rows].tolist(), probs
@@ -87,8 +92,13 @@ class _Work:
         self.scratch = np.empty(vocab, dtype=np.float32)
         self.mark = np.empty(vocab, dtype=np.uint8)
         self.tokens = np.empty(max(64, rows), dtype=np.int64)
-        self.ints = np.empty(1024, dtype=np.int64)
+        self.grow(1024)
         self.scratch_ptr, self.mark_ptr, self.tokens_ptr = (a.ctypes.data for a in (self.scratch, self.mark, self.tokens))
+
+    def grow(self, size: int) -> None:
+        """A new packed-extras buffer of `size` ints (its address read once: numpy's .ctypes costs microseconds)."""
+        self.ints = np.empty(size, dtype=np.int64)
+        self.ints_ptr = self.ints.ctypes.data
 
 
 _local = threading.local()  # the engine decides from one thread (its executor); other callers get their own buffers

@@ -192,3 +192,65 @@ void move_slots(float *const *k_cache, float *const *v_cache, int layers, int hk
             }
         }
 }
+
+/* One multi-token head in the TokenSwift (Medusa) layout: h <- h + W rms_norm(h, in_norm); the head's output,
+   read by the LM head, is rms_norm(h, post_norm). The heads are chained: head i + 1 starts from head i's h. */
+typedef struct {
+    const float *in_norm, *post_norm;  /* (hidden,) */
+    const void *linear;                /* hidden x hidden */
+    int kind;                          /* as layer_weights.kinds */
+    float eps;
+} head_weights;
+
+/* The drafts of `levels` chained heads for one hidden row h0 (hidden floats, the last layer's output before the
+   final norm): per level, the `top` most likely ids of the drafting LM head (`vocab` rows, laid out as lm_kind)
+   with their softmax probabilities over those rows, most likely first (a tie: the lower id first). ids and probs
+   are (levels, top); scratch holds at least heads_top_scratch(hidden, vocab) floats. Returns 0, -1 for a `top`
+   outside 1..16, or a kernel's error code.
+
+   Why: in Python the same chain is about 15 small PyTorch calls, a softmax and a top-k, 0.5-0.9 ms in the
+   decode loop of the 2-vCPU AVX2 host (caches cold after the step's weight stream), a fifth of a step; the
+   products and norms here are the lean step's own kernels. Drafts are only proposals (every token is verified),
+   so this changes which tokens are offered, never the output. */
+int heads_top(const float *h0, int levels, const head_weights *heads, const void *lm, int lm_kind, int vocab,
+              int hidden, int top, long *ids, float *probs, float *scratch) {
+    if (top < 1 || top > 16 || levels < 1 || levels > 16) return -1;
+    float *h = scratch, *x = h + hidden, *y = x + hidden, *outs = y + hidden, *logits = outs + (size_t)levels * hidden;
+    memcpy(h, h0, (size_t)hidden * sizeof(float));
+    int code;
+    for (int l = 0; l < levels; l++) {
+        const head_weights *w = heads + l;
+        rms_norm_rows(h, w->in_norm, x, 1, hidden, w->eps);
+        if ((code = product(w->linear, w->kind, x, y, 1, hidden, hidden, NULL))) return code;
+        for (int i = 0; i < hidden; i++) h[i] = h[i] + y[i];
+        rms_norm_rows(h, w->post_norm, outs + (size_t)l * hidden, 1, hidden, w->eps);
+    }
+    /* every level's LM-head row in one product: the drafting rows are read once */
+    if ((code = product(lm, lm_kind, outs, logits, levels, hidden, vocab, NULL))) return code;
+    for (int l = 0; l < levels; l++) {
+        const float *row = logits + (size_t)l * vocab;
+        /* the top ids by insertion into a short sorted list; then the softmax's normaliser over every row */
+        long *best = ids + (size_t)l * top;
+        float *best_p = probs + (size_t)l * top;
+        int found = 0;
+        for (int j = 0; j < vocab; j++) {
+            float v = row[j];
+            if (found == top && !(v > row[best[top - 1]])) continue;
+            int at = found < top ? found++ : top - 1;
+            while (at > 0 && v > row[best[at - 1]]) { best[at] = best[at - 1]; at--; }
+            best[at] = j;
+        }
+        float peak = row[best[0]];
+        vf total = vf_zero();
+        int j = 0;
+        for (; j + 16 <= vocab; j += 16) total = vf_add(total, exp_nonpositive(vf_sub(vf_loadu(row + j), vf_set1(peak))));
+        float sum = vf_reduce_add(total);
+        for (; j < vocab; j++) sum += expf(row[j] - peak);
+        for (int i = 0; i < found; i++) best_p[i] = expf(row[best[i]] - peak) / sum;
+        for (int i = found; i < top; i++) { best[i] = -1; best_p[i] = 0.0f; }
+    }
+    return 0;
+}
+
+/* Floats of scratch heads_top needs for up to 16 heads. */
+long heads_top_scratch(int hidden, int vocab) { return (3L + 16) * hidden + 16L * vocab + 64; }

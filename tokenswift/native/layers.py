@@ -19,6 +19,10 @@ from .panels import MAX_ROWS as PANEL_MAX_ROWS
 _P, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
+class _HeadWeights(ctypes.Structure):
+    _fields_ = [("in_norm", _P), ("post_norm", _P), ("linear", _P), ("kind", _INT), ("eps", _FLOAT)]
+
+
 class _LayerWeights(ctypes.Structure):
     _fields_ = [("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P),
                 ("qkv_bias", _P), ("kinds", _INT * 4)]
@@ -39,6 +43,9 @@ def _typed(lib):
     lib.rms_norm_rows.restype, lib.rms_norm_rows.argtypes = None, [_P, _P, _P, _INT, _INT, _FLOAT]
     lib.silu_mul_rows.restype, lib.silu_mul_rows.argtypes = None, [_P, _P, _INT, _INT]
     lib.layer_rows_scratch.restype, lib.layer_rows_scratch.argtypes = _LONG, [_INT] * 6
+    lib.heads_top.restype = _INT
+    lib.heads_top.argtypes = [_P, _INT, ctypes.POINTER(_HeadWeights), _P, _INT, _INT, _INT, _INT, _P, _P, _P]
+    lib.heads_top_scratch.restype, lib.heads_top_scratch.argtypes = _LONG, [_INT, _INT]
     lib.move_slots.restype = None
     lib.move_slots.argtypes = [ctypes.POINTER(_P), ctypes.POINTER(_P), _INT, _INT, _LONG, _INT, _P, _INT, _INT]
     return lib
@@ -98,6 +105,62 @@ def move_slots(cache, src_slots: list[int], dst_start: int) -> bool:
     lib.move_slots(*pointers, len(cache.k), k0.shape[0], k0.shape[1] * k0.shape[2], k0.shape[2], src, len(src_slots),
                    dst_start)
     return True
+
+
+class NativeHeads:
+    """The multi-token heads' drafts for one hidden row in one native call (`heads_top` in layer_rows.c): per head,
+    its most likely ids over the drafting LM head's rows and their softmax probabilities. Built from the lean heads
+    (`tokenswift.lean.LeanHeads`) and the lean model's drafting head where every matrix is on the panel kernels."""
+
+    MAX_TOP = 16
+
+    def __init__(self, lean_heads, draft_head, lib) -> None:
+        self._run = lib.heads_top
+        self.levels = len(lean_heads.blocks)
+        self.weights = (_HeadWeights * self.levels)()
+        for i, (in_norm, linear, post_norm, eps) in enumerate(lean_heads.blocks):
+            self.weights[i] = _HeadWeights(in_norm.data_ptr(), post_norm.data_ptr(), linear.panels.panels.data_ptr(),
+                                           linear.panels.kind, eps)
+        self._keep = [b[0] for b in lean_heads.blocks] + [b[2] for b in lean_heads.blocks]  # norms stay alive
+        self.hidden, self.vocab = draft_head.in_features, draft_head.out_features
+        self._lm, self._lm_kind = draft_head.panels.panels.data_ptr(), draft_head.panels.kind
+        self._draft_head = draft_head
+        self._scratch_floats = lib.heads_top_scratch(self.hidden, self.vocab)
+        self._local = threading.local()
+
+    @classmethod
+    def build(cls, lean_heads, draft_head) -> "NativeHeads | None":
+        lib = _library()
+        if lib is None or lean_heads is None or lean_heads.compute_dtype != torch.float32:
+            return None
+        matrices = [b[1] for b in lean_heads.blocks] + [draft_head]
+        if any(m.panels is None or m.bias is not None for m in matrices) or draft_head.in_features % 16:
+            return None
+        norms = [b[0] for b in lean_heads.blocks] + [b[2] for b in lean_heads.blocks]
+        if any(w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in norms):
+            return None
+        return cls(lean_heads, draft_head, lib)
+
+    def top(self, hidden: torch.Tensor, levels: int, k: int) -> tuple[list[list[int]], list[list[float]]] | None:
+        """hidden (1, H) float32 on CPU -> per head (the first `levels`), its k most likely drafting ids and their
+        probabilities, most likely first; None where this call cannot serve."""
+        if (levels > self.levels or not 1 <= k <= self.MAX_TOP or hidden.dtype != torch.float32
+                or hidden.device.type != "cpu" or hidden.numel() != self.hidden):
+            return None
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = (torch.empty(self._scratch_floats, dtype=torch.float32),
+                                       torch.empty(self.levels * self.MAX_TOP, dtype=torch.int64),
+                                       torch.empty(self.levels * self.MAX_TOP, dtype=torch.float32))
+        scratch, ids, probs = bufs
+        hidden = hidden.contiguous()
+        code = self._run(hidden.data_ptr(), levels, self.weights, self._lm, self._lm_kind, self.vocab, self.hidden, k,
+                         ids.data_ptr(), probs.data_ptr(), scratch.data_ptr())
+        if code != 0:
+            return None
+        flat_ids, flat_p = ids[: levels * k].tolist(), probs[: levels * k].tolist()
+        return ([flat_ids[i * k : (i + 1) * k] for i in range(levels)],
+                [flat_p[i * k : (i + 1) * k] for i in range(levels)])
 
 
 def is_silu(act) -> bool:
