@@ -203,3 +203,25 @@ def test_attention_paths_match_a_float64_reference(s, t, g):
     scores = (q.double() @ kk.transpose(1, 2)) * d ** -0.5
     ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double().repeat_interleave(g, dim=0)
     assert (out.double() - ref).abs().max().item() < 1e-5
+
+
+def test_best_occurrence_bound_follows_the_longest_known_continuation():
+    """suffix-bound's bound for drafting from the text: at each position, the longest run that an earlier
+    occurrence of the last token continues with, from known text only (a continuation reaching the end of the
+    known text repeats its period); replayed as iterations that accept that run plus one token."""
+    from tokenswift.bench import best_matches, replay, row_cost_curve
+
+    # prompt "1 2 3 9 1 2 4"; the output continues "1 2 4 1 2 4"
+    prompt, out = [1, 2, 3, 9, 1, 2, 4], [1, 2, 4, 1, 2, 4]
+    matches = best_matches(prompt, out, cap=8)
+    # at out[0] (last known 4): 4 was followed by nothing known before -> 0; at out[1] (last 1): the 1 at
+    # index 4 continues "2 4" then its period "1 2 4": the whole rest (5 tokens)
+    assert matches[0] == 0 and matches[1] == 5
+    assert best_matches(prompt, out, cap=2)[1] == 2
+    assert all(m <= len(out) - i for i, m in enumerate(matches))  # never past the end of the text
+    per_iteration, per_step = replay(matches, lambda q: 1.0)  # rows free: tokens per step = per iteration
+    assert per_iteration == per_step == 3.0  # iterations: out[0] alone, then out[1] plus the 5 drafted tokens
+    cost = row_cost_curve("1:1,3:1.2,5:2")
+    assert cost(1) == 1 and cost(2) == pytest.approx(1.1) and cost(4) == pytest.approx(1.6)
+    assert cost(7) == pytest.approx(2.8)  # extrapolated from the last two points
+    assert replay(matches, cost)[1] == pytest.approx(6 / (1 + cost(6)))

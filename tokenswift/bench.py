@@ -15,9 +15,11 @@
         tokens/s over the methods' own compute, and per iteration the draft and verification times, the
         tree size and the accepted tokens. Where long-context verification on CPU spends its time.
 
-    python -m tokenswift.bench suffix-bound [--penalty 1.2] [--context 1024] [--tokens 1000]
+    python -m tokenswift.bench suffix-bound [--penalty 1.2] [--context 1024] [--tokens 1000] [--row-costs 1:1,3:1.07]
         Tokens per iteration that suffix-match drafts alone could give, were every verified row free:
-        drafts of up to 1..16 tokens replayed over our own greedy output (an upper bound for that source).
+        drafts of up to 1..16 tokens replayed over our own greedy output (an upper bound for that source); and
+        the bound for any drafter that works from the text, told which earlier occurrence to follow; with the
+        host's row costs, the tokens per step that would give verifying exactly what is accepted.
 
     python -m tokenswift.bench draft-hits [--context 1024] [--tokens 1000]
         How often the suffix match's and the datastore's first guess is the next token along our own AR
@@ -41,6 +43,7 @@ import os
 import platform
 import statistics
 import time
+from typing import Callable
 
 import torch
 
@@ -164,9 +167,64 @@ def context(model: str, text_path: str, contexts: list[int], tokens: int) -> dic
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
-def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty: float) -> dict:
+def best_matches(prompt: list[int], out: list[int], cap: int) -> list[int]:
+    """Per position i of `out`: the longest run of out[i:] (at most `cap` tokens) that some earlier occurrence of
+    the last known token continues with, reading only the text known before i (a continuation that reaches the
+    end of the known text repeats its period, as `SuffixIndex.lookup` does). The most any drafter working from the
+    text itself could draft there, were it told which occurrence to follow."""
+    seq = list(prompt) + list(out)
+    start = len(prompt)
+    where: dict[int, list[int]] = {}
+    for j in range(start - 1):  # occurrences whose successor is known
+        where.setdefault(seq[j], []).append(j)
+    best = []
+    for i in range(start, len(seq)):
+        top = 0
+        for j in where.get(seq[i - 1], ()):
+            c, m = j + 1, 0
+            period = i - c
+            while m < cap and i + m < len(seq) and seq[c + m % period] == seq[i + m]:
+                m += 1
+            top = max(top, m)
+        best.append(top)
+        where.setdefault(seq[i - 1], []).append(i - 1)
+    return best
+
+
+def replay(matches: list[int], row_cost: Callable[[int], float] | None = None) -> tuple[float, float | None]:
+    """Iterations that each accept the drafted run at their position plus one token: (tokens per iteration, and
+    where `row_cost(q)` gives a q-row verification's time in one-row steps, tokens per step when every iteration
+    verifies exactly its accepted run: no missed draft, no planning)."""
+    i = iterations = 0
+    steps = 0.0
+    while i < len(matches):
+        m = matches[i]
+        iterations += 1
+        steps += row_cost(m + 1) if row_cost is not None else 0.0
+        i += m + 1
+    return len(matches) / iterations, (len(matches) / steps if row_cost is not None else None)
+
+
+def row_cost_curve(text: str) -> Callable[[int], float]:
+    """'1:1,3:1.07,8:1.94' (rows: time of that many rows in one-row steps, `bench rows`) -> linear interpolation."""
+    points = sorted((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",")))
+
+    def cost(q: int) -> float:
+        for (q0, c0), (q1, c1) in zip(points, points[1:]):
+            if q <= q1:
+                return c0 + (c1 - c0) * (max(q, q0) - q0) / (q1 - q0)
+        (q0, c0), (q1, c1) = points[-2], points[-1]
+        return c1 + (c1 - c0) * (q - q1) / (q1 - q0)
+
+    return cost
+
+
+def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty: float,
+                 row_costs: str | None = None) -> dict:
     """Tokens per iteration that suffix-match drafts alone could give if every verified row were free:
-    replay drafts of up to L tokens over our own greedy AR output (accept the matching prefix, plus one)."""
+    replay drafts of up to L tokens over our own greedy AR output (accept the matching prefix, plus one). And the
+    bound for any drafter working from the text (`best_matches`): told which earlier occurrence to follow, with up
+    to L tokens; with `row_costs`, the tokens per step it would reach verifying exactly what is accepted."""
     from .generator import Generator
     from .settings import Settings
     from .suffix import SuffixIndex
@@ -176,7 +234,8 @@ def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty:
     with open(text_path, encoding="utf-8") as f:
         ids = gen.encode(split_text(f.read())[1])[:context]
     out = gen.generate(ids, Settings(penalty=penalty), tokens, method=Method.AR).token_ids
-    rows = {}
+    rows, best, speed = {}, {}, {}
+    cost = row_cost_curve(row_costs) if row_costs else None
     for limit in (1, 2, 4, 8, 16):
         index, i, iterations = SuffixIndex(), 0, 0
         index.extend(ids)
@@ -189,8 +248,16 @@ def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty:
             index.extend(out[i : i + made])
             i, iterations = i + made, iterations + 1
         rows[limit] = round(len(out) / iterations, 2)
-    return {"benchmark": "suffix-bound", "model": model, "context": len(ids), "new_tokens": tokens, "penalty": penalty,
-            "tokens_per_iteration_by_draft_length": rows}
+        per_iteration, per_step = replay(best_matches(ids, out, limit), cost)
+        best[limit] = round(per_iteration, 2)
+        if per_step is not None:
+            speed[limit] = round(per_step, 2)
+    result = {"benchmark": "suffix-bound", "model": model, "context": len(ids), "new_tokens": tokens, "penalty": penalty,
+              "tokens_per_iteration_by_draft_length": rows, "best_occurrence_tokens_per_iteration": best}
+    if cost is not None:
+        result["best_occurrence_tokens_per_step"] = speed
+        result["row_costs"] = row_costs
+    return result
 
 
 HIT_SAMPLING = {"greedy": dict(), "greedy+penalty": dict(penalty=1.2),
@@ -254,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--context", type=int, default=1024)
     b.add_argument("--tokens", type=int, default=1000)
     b.add_argument("--penalty", type=float, default=1.0)
+    b.add_argument("--row-costs", default=None, help="'1:1,3:1.07,...': q rows' time in one-row steps (bench rows)")
     h = sub.add_parser("draft-hits", help="how often the suffix match and the datastore guess the next token")
     h.add_argument("--model", default="assets/default-model")
     h.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
@@ -276,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "memory":
         print(json.dumps(memory(args.model, args.method, args.tokens, args.every)))
     elif args.command == "suffix-bound":
-        print(json.dumps(suffix_bound(args.model, args.text, args.context, args.tokens, args.penalty)))
+        print(json.dumps(suffix_bound(args.model, args.text, args.context, args.tokens, args.penalty, args.row_costs)))
     elif args.command == "draft-hits":
         print(json.dumps(draft_hits(args.model, args.text, args.context, args.tokens)))
     elif args.command == "rows":
