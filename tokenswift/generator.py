@@ -1,6 +1,7 @@
 """AR and TokenSwift generation loops over one engine, emitting one Step event per iteration."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -570,15 +571,17 @@ class _Run:
         # a node or two, so planning stays cheap; greedy chains are likely and go on)
         floor = MIN_REACH / max(scale, 1e-9)
 
+        rate_of, children, add_node = self.stats.rate, cand.children, cand.add_node
+
         def link(node: int, token: int, source: str, prob: float, kind: tuple, prior: float) -> int | None:
             """The child of `node` for this proposed token (made if new and likely enough), or None where cut."""
-            rate = self.stats.rate(kind, prior)
-            child = cand.children[node].get(token)
+            rate = rate_of(kind, prior)
+            child = children[node].get(token)
             if child is None:
                 likely = reach[node] * rate
                 if likely < floor:
                     return None
-                child = cand.add_node(node, token, source, prob)
+                child = add_node(node, token, source, prob)
                 rates.append(rate)
                 keys.append([kind])
                 reach.append(likely)
@@ -598,7 +601,7 @@ class _Run:
         if self.suffix is not None:
             m, cont = self.suffix.lookup(SUFFIX_DRAFT)
             if cont:
-                kinds = [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, len(cont) + 1)]
+                kinds = _suffix_kinds(m)
                 prior = (0.6 if m >= 3 else 0.3) * self.prior_scale
                 add(cont, Source.NGRAM, [1.0] * len(cont), kinds, [prior] * len(cont))
         if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
@@ -629,7 +632,7 @@ class _Run:
             total = sum(c for _, c in found) or 1
             for cont, count in found:
                 share = count / total
-                kinds = [(Source.NGRAM, j + 1, _prob_bucket(share)) for j in range(len(cont))]
+                kinds = _ngram_kinds(_prob_bucket(share), len(cont))
                 add(list(cont), Source.NGRAM, [share] * len(cont), kinds, [0.3 * share * self.prior_scale] * len(cont))
 
         for i in range(1, len(cand)):  # from the final (merged) rates
@@ -776,6 +779,18 @@ SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
 DATASTORE_DRAFT = 4  # longest datastore chain offered to auto (measured: deeper links rarely survive)
 DATASTORE_CONTEXT = max(DATASTORE_ORDERS)  # tokens of context a datastore lookup reads
 PRIOR_CAP = 0.9  # no prior rate reaches 1 (a child must never look likelier than its parent)
+
+
+@functools.lru_cache(maxsize=None)
+def _suffix_kinds(m: int) -> list[tuple]:
+    """The acceptance-statistics keys of a suffix-match chain's nodes (match length m, by chain position)."""
+    return [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, SUFFIX_DRAFT + 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def _ngram_kinds(bucket: int, n: int) -> list[tuple]:
+    """The keys of a 4-gram continuation's n nodes whose count share falls in `bucket`."""
+    return [(Source.NGRAM, j + 1, bucket) for j in range(n)]
 
 
 def _chain_bucket(j: int) -> int:
