@@ -206,17 +206,14 @@ def replay(matches: list[int], row_cost: Callable[[int], float] | None = None) -
 
 
 def row_cost_curve(text: str) -> Callable[[int], float]:
-    """'1:1,3:1.07,8:1.94' (rows: time of that many rows in one-row steps, `bench rows`) -> linear interpolation."""
+    """'1:1,3:1.07,8:1.94' (rows: time of that many rows in one-row steps, `bench rows`) -> the cost of q rows as
+    auto's cost model prices it from such points (`CostModel.cost`: linear between them, the last slope beyond)."""
+    from .auto import CostModel
+
     points = sorted((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",")))
-
-    def cost(q: int) -> float:
-        for (q0, c0), (q1, c1) in zip(points, points[1:]):
-            if q <= q1:
-                return c0 + (c1 - c0) * (max(q, q0) - q0) / (q1 - q0)
-        (q0, c0), (q1, c1) = points[-2], points[-1]
-        return c1 + (c1 - c0) * (q - q1) / (q1 - q0)
-
-    return cost
+    model = CostModel()
+    model.rows, model.seconds = [q for q, _ in points], [c for _, c in points]
+    return model.cost
 
 
 def suffix_bound(model: str, text_path: str, context: int, tokens: int, penalty: float,

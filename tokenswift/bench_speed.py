@@ -190,36 +190,26 @@ def ours_generate(gen, ids: list[int], settings: Settings, n: int, method: str, 
 
 # ---- losslessness -----------------------------------------------------------------------------------------
 def paired_generate(gen, ids: list[int], row: str, auto_tree: str, n: int, seed: int) -> dict:
-    """ours-ar and tokenswift-auto advanced in turn: auto one iteration, then AR until it has produced as many
-    tokens (the app's alternation). Returns each one's compute-only tok/s (its own step timings, prefill excluded),
-    auto / AR, and whether their tokens are identical."""
-    streams = {"tokenswift-auto": gen.stream(ids, method_settings(row, "tokenswift-auto", auto_tree), n,
-                                             method=Method.TOKENSWIFT, seed=seed, detail=False),
-               "ours-ar": gen.stream(ids, method_settings(row, "ours-ar", auto_tree), n, method=Method.AR, seed=seed,
-                                     detail=False)}
-    tokens: dict[str, list[int]] = {m: [] for m in streams}
+    """ours-ar and tokenswift-auto advanced in turn as the app advances them (`serve.runner.interleave`: auto one
+    iteration, then AR until it has produced as many tokens). Returns each one's compute-only tok/s (its own step
+    timings, prefill excluded), auto / AR, and whether their tokens are identical."""
+    import threading
+
+    from .serve.runner import RunRequest, interleave
+
+    settings = method_settings(row, "tokenswift-auto", auto_tree)  # AR reads the same sampling and ignores the tree
+    request = RunRequest(ids, settings, n, seed, methods=(Method.TOKENSWIFT, Method.AR))
+    tokens: dict[str, list[int]] = {Method.TOKENSWIFT: [], Method.AR: []}
     last: dict[str, object] = {}
-    live = list(streams)
-    while live:
-        for method in list(live):
-            while True:
-                step = next(streams[method], None)
-                if step is None:
-                    live.remove(method)
-                    break
-                tokens[method].extend(step.token_ids)
-                last[method] = step
-                if step.done:
-                    live.remove(method)
-                    break
-                if method == "tokenswift-auto" or len(tokens["ours-ar"]) >= len(tokens["tokenswift-auto"]):
-                    break
-    rates = {m: last[m].generated / last[m].elapsed_s if m in last and last[m].elapsed_s > 0 else 0.0 for m in streams}
-    auto_steps = last["tokenswift-auto"].index + 1 if "tokenswift-auto" in last else 0
-    return {"ar_tok_s": rates["ours-ar"], "auto_tok_s": rates["tokenswift-auto"],
-            "ratio": _ratio(rates["tokenswift-auto"], rates["ours-ar"]),
-            "auto_mean_accepted": len(tokens["tokenswift-auto"]) / max(1, auto_steps),
-            "identical": tokens["tokenswift-auto"] == tokens["ours-ar"], "new_tokens": len(tokens["ours-ar"])}
+    for step in interleave(gen, request, threading.Event(), detail=False):
+        tokens[step.method].extend(step.token_ids)
+        last[step.method] = step
+    rates = {m: last[m].generated / last[m].elapsed_s if m in last and last[m].elapsed_s > 0 else 0.0 for m in tokens}
+    auto_steps = last[Method.TOKENSWIFT].index + 1 if Method.TOKENSWIFT in last else 0
+    return {"ar_tok_s": rates[Method.AR], "auto_tok_s": rates[Method.TOKENSWIFT],
+            "ratio": _ratio(rates[Method.TOKENSWIFT], rates[Method.AR]),
+            "auto_mean_accepted": len(tokens[Method.TOKENSWIFT]) / max(1, auto_steps),
+            "identical": tokens[Method.TOKENSWIFT] == tokens[Method.AR], "new_tokens": len(tokens[Method.AR])}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

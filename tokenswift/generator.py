@@ -15,7 +15,7 @@ from . import events as ev
 from .acceptance import exact_walk, per_row_walk
 from .adapter import ModelAdapter
 from .auto import (MAX_ROWS, MIN_REACH, PRIOR_SHAPE, PRIOR_SHAPE_NATIVE, PROBE_ROWS, AcceptanceStats, Calibration,
-                   CostModel, Payoff, Plan, choose)
+                   CostModel, Payoff, choose)
 from .heads import Heads, read_head_tensors
 from .datastore import ORDERS as DATASTORE_ORDERS, Datastore, find as find_datastore
 from .kv_cache import KVCache
@@ -502,8 +502,8 @@ class _Run:
         paper: one forward of the last token over the partial cache; the base LM head proposes depth 1
         and extra head i depth i + 2. fused (after the first iteration): extra head i applied to the
         verification pass's hidden state at the last accepted node proposes depth i + 1."""
-        if self.fused_hidden is not None:  # auto ranks over the drafting vocabulary (its rates are measured)
-            return self.gen.run_heads(self.fused_hidden, levels, draft_vocab=self.auto)[:, 0]  # (levels, V)
+        if self.fused_hidden is not None:
+            return self.gen.run_heads(self.fused_hidden, levels)[:, 0]  # (levels, V)
         cache = self.full if self.partial is None else self.partial
         start = self.full.length if self.partial is None else self.partial.count
         pos = torch.tensor([len(self.ids) - 1])
@@ -514,13 +514,14 @@ class _Run:
         return torch.cat(rows)
 
     def head_candidates(self) -> tuple[list[list[int]], list[list[float]]]:
-        """Ranked tokens and their draft probabilities per depth (the base window's penalty applied, except under
-        auto, which ranks by the raw heads over the drafting vocabulary: its rates are measured)."""
-        if self.auto and self.fused_hidden is not None:
+        """Ranked tokens and their draft probabilities per depth (the base window's penalty applied). auto (which
+        consults the heads only once it has a fused hidden state) ranks by the raw heads over the drafting
+        vocabulary, its rates being measured: `Generator.head_drafts`."""
+        if self.auto:
             cands, cprobs = self.gen.head_drafts(self.fused_hidden, len(self.widths), max(self.widths))
             return [c[:w] for c, w in zip(cands, self.widths)], [p[:w] for p, w in zip(cprobs, self.widths)]
         logits = self.head_logits(len(self.widths)).float()  # (depths, V)
-        if self.s.penalty != 1.0 and not self.auto:  # auto ranks by the raw heads (its rates are measured)
+        if self.s.penalty != 1.0:
             seen = self.seen([[]]).expand(logits.shape[0], -1)
             logits = penalize_rows(logits, seen, self.s.penalty)
         top = torch.topk(torch.softmax(logits, dim=-1), max(self.widths), dim=-1)
@@ -637,10 +638,7 @@ class _Run:
 
         for i in range(1, len(cand)):  # from the final (merged) rates
             reach[i] = reach[cand.parents[i]] * rates[i]
-        if len(cand) == 1:
-            plan = Plan([], 1.0, "0 nodes: no likely draft")
-        else:
-            plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
+        plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
         if plan.keep and self.iteration >= PROBE_AFTER and self.costs.needs_probe(len(self.ids)):
             # drafting looks worth it, and the acceptance rates rest on some evidence: measure, then decide
             t = time.perf_counter()

@@ -205,8 +205,8 @@ typedef struct {
 /* The drafts of `levels` chained heads for one hidden row h0 (hidden floats, the last layer's output before the
    final norm): per level, the `top` most likely ids of the drafting LM head (`vocab` rows, laid out as lm_kind)
    with their softmax probabilities over those rows, most likely first (a tie: the lower id first). ids and probs
-   are (levels, top); scratch holds at least heads_top_scratch(hidden, vocab) floats. Returns 0, -1 for a `top`
-   outside 1..16, or a kernel's error code.
+   are (levels, top); scratch holds at least heads_top_scratch(hidden, vocab) floats. Returns 0, -1 for `levels`
+   or `top` outside 1..16, or a kernel's error code.
 
    Why: in Python the same chain is about 15 small PyTorch calls, a softmax and a top-k, 0.5-0.9 ms in the
    decode loop of the 2-vCPU AVX2 host (caches cold after the step's weight stream), a fifth of a step; the

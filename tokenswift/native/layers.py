@@ -121,10 +121,9 @@ class NativeHeads:
         for i, (in_norm, linear, post_norm, eps) in enumerate(lean_heads.blocks):
             self.weights[i] = _HeadWeights(in_norm.data_ptr(), post_norm.data_ptr(), linear.panels.panels.data_ptr(),
                                            linear.panels.kind, eps)
-        self._keep = [b[0] for b in lean_heads.blocks] + [b[2] for b in lean_heads.blocks]  # norms stay alive
+        self._owners = (lean_heads, draft_head)  # the tensors behind the addresses above stay alive
         self.hidden, self.vocab = draft_head.in_features, draft_head.out_features
         self._lm, self._lm_kind = draft_head.panels.panels.data_ptr(), draft_head.panels.kind
-        self._draft_head = draft_head
         self._scratch_floats = lib.heads_top_scratch(self.hidden, self.vocab)
         self._local = threading.local()
 
@@ -136,8 +135,8 @@ class NativeHeads:
         matrices = [b[1] for b in lean_heads.blocks] + [draft_head]
         if any(m.panels is None or m.bias is not None for m in matrices) or draft_head.in_features % 16:
             return None
-        norms = [b[0] for b in lean_heads.blocks] + [b[2] for b in lean_heads.blocks]
-        if any(w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in norms):
+        norms = [w for b in lean_heads.blocks for w in (b[0], b[2])]
+        if any(w.device.type != "cpu" or not w.is_contiguous() for w in norms):  # float32: the compute dtype
             return None
         return cls(lean_heads, draft_head, lib)
 

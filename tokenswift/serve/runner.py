@@ -86,10 +86,12 @@ class RunHandle:
         return events, None
 
 
-def interleave(gen: Generator, req: RunRequest, stop: threading.Event) -> Iterator[Step]:
+def interleave(gen: Generator, req: RunRequest, stop: threading.Event, detail: bool = True) -> Iterator[Step]:
     """Advance the methods alternately: the leader one iteration, then each other method until it has
-    produced at least as many tokens. Stops when all are done or `stop` is set."""
-    streams = {m: gen.stream(req.prompt, req.settings, req.max_new_tokens, method=m, seed=req.seed, stop=stop)
+    produced at least as many tokens. Stops when all are done or `stop` is set. detail=False: steps without
+    per-node trees (`Generator.stream`), for consumers that draw none."""
+    streams = {m: gen.stream(req.prompt, req.settings, req.max_new_tokens, method=m, seed=req.seed, stop=stop,
+                             detail=detail)
                for m in req.methods}
     produced = {m: 0 for m in req.methods}
     live = list(req.methods)
