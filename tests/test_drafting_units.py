@@ -185,3 +185,32 @@ def test_kept_ngram_rankings_stay_what_a_full_sort_gives():
                 fresh = heapq.nlargest(k, bucket.items(), key=lambda item: (item[1], table._last_seen[(token, *item[0])]))
                 assert table.top(token, k) == fresh
             table.extend([rng.randrange(6) for _ in range(rng.randrange(1, 4))])
+
+
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2)], ids=["greedy", "paper"])
+def test_tree_events_carry_the_targets_probabilities(sampling):
+    """The per-node target probabilities the app's tree view shows are read from the right row and column: at a
+    visited node the token the target chose has positive probability (greedy: the largest among its siblings),
+    and the children of one node never hold more than its whole distribution."""
+    from conftest import random_heads, tiny_model
+
+    model = tiny_model("llama-gqa", seed=3)
+    gen = ts.Generator(model, heads=random_heads(model))
+    prompt = torch.randint(0, 256, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    checked = 0
+    for step in gen.stream(prompt, ts.Settings(tree="1x3x3x3", **sampling), 60, seed=2):
+        nodes = step.tree
+        for i, node in enumerate(nodes):
+            if node.target_sample is None:  # not visited
+                continue
+            kids = [c for c in nodes[1:] if c.parent == i]
+            probs = [c.target_prob for c in kids]
+            assert all(p is not None and 0.0 <= p <= 1.0 + 1e-6 for p in probs)
+            assert sum(probs) <= 1.0 + 1e-5
+            for c in kids:
+                if c.token == node.target_sample:
+                    assert c.accepted and c.target_prob > 0.0
+                    if not sampling:
+                        assert c.target_prob >= max(probs) - 1e-7
+                    checked += 1
+    assert checked > 0  # some drafted token was accepted and its probability checked

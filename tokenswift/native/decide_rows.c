@@ -76,8 +76,9 @@ static int first_index_of(const float *x, int vocab, float value) {
     return 0;  /* only for a row of NaN */
 }
 
-/* Inverse-CDF sample over kept masses e[0..vocab) (0 = removed) with target u * total. */
-static int sample_kept(const float *e, int vocab, double u) {
+/* Inverse-CDF sample over kept masses e[0..vocab) (0 = removed) with target u * total; the total (summed in
+   float64 per block of 16) goes to *kept. */
+static int sample_kept(const float *e, int vocab, double u, double *kept) {
     double total = 0.0;
     int blocks = (vocab + LANES - 1) / LANES;
     double block_sum[blocks];
@@ -86,6 +87,7 @@ static int sample_kept(const float *e, int vocab, double u) {
         block_sum[b] = (double)vf_reduce_add(vf_maskz_loadu(k, e + b * LANES));
         total += block_sum[b];
     }
+    *kept = total;
     double target = u * total, before = 0.0;
     for (int b = 0; b < blocks; b++) {
         if (before + block_sum[b] > target) {
@@ -144,11 +146,13 @@ int decide_rows(const float *logits, int rows, int vocab, const int64_t *history
                 vf_mask_storeu(x + j, k, e);
             }
         }
-        tokens[r] = sample_kept(x, vocab, uniforms[r]);
-        if (out != NULL) {
-            for (int j = 0; j < vocab; j++) kept += (double)x[j];
-            const float inv = (float)(1.0 / kept);
-            for (int j = 0; j < vocab; j++) out[j] = x[j] * inv;
+        tokens[r] = sample_kept(x, vocab, uniforms[r], &kept);
+        if (out != NULL) {  /* the kept mass renormalised by the sampler's own total */
+            const vf inv = vf_set1((float)(1.0 / kept));
+            for (int j = 0; j < vocab; j += LANES) {
+                vmask k = tail_mask(vocab - j);
+                vf_mask_storeu(out + j, k, vf_mul(vf_maskz_loadu(k, x + j), inv));
+            }
         }
     }
     return 0;
