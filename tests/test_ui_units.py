@@ -117,3 +117,23 @@ def test_sessions_that_never_close_do_not_pile_up():
     for i in range(100, 100 + 2 * cap):
         app.session(SimpleNamespace(session_hash=f"s{i}"))
     assert app.sessions["busy"] is busy  # a running session is never dropped
+
+
+def test_iteration_breakdown_splits_plain_and_drafted_iterations():
+    from types import SimpleNamespace as NS
+
+    from tokenswift.events import Timings
+    from ui.measure import iteration_breakdown
+
+    def step(nodes, tokens, draft, verify, book):
+        return NS(draft_nodes=nodes, tokens=[0] * tokens, timings=Timings(draft, verify, book))
+
+    steps = [step(0, 1, 0.0, 0.004, 0.0)] * 3 + [step(2, 2, 0.001, 0.004, 0.001), step(4, 1, 0.001, 0.006, 0.001)]
+    out = iteration_breakdown(steps, ar_step_s=0.004)
+    assert out["plain"] == {"share": 0.6, "nodes": 0.0, "tokens": 1.0, "draft_steps": 0.0, "verify_steps": 1.0,
+                            "bookkeeping_steps": 0.0, "total_steps": 1.0, "tokens_per_step": 1.0}
+    drafted = out["drafted"]
+    assert drafted["share"] == 0.4 and drafted["nodes"] == 3.0 and drafted["tokens"] == 1.5
+    assert drafted["draft_steps"] == 0.25 and drafted["verify_steps"] == 1.25 and drafted["total_steps"] == 1.75
+    assert drafted["tokens_per_step"] == round(1.5 / 1.75, 3)
+    assert iteration_breakdown(steps[:3], 0.004).keys() == {"plain"}

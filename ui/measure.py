@@ -4,6 +4,7 @@ responsiveness during a long run, and the server's memory.
     python -m ui.measure --tokens 2000            # speed: UI vs headless, same settings, same alternation
     python -m ui.measure --tokens 20000 --probe --no-headless   # click round-trips and memory during a long run
     python -m ui.measure --tokens 2000 --client stream   # the server's streaming cost without a local browser
+    python -m ui.measure --tokens 500 --breakdown 0 1 2 3   # headless, per seed: where TokenSwift's time goes
 
 Needs Debian's chromium and playwright. Prints one JSON object.
 """
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -82,6 +84,47 @@ def headless(tokens: int) -> dict:
                 **{f"{m}_tok_s": round(s.generated / s.elapsed_s, 1) for m, s in last.items()}}
 
     return TORCH.call(run)
+
+
+def iteration_breakdown(steps: list, ar_step_s: float) -> dict:
+    """TokenSwift's iterations split into plain ones (nothing drafted: an AR-cost step) and drafted ones: for each,
+    its share of the iterations, the mean drafted nodes and tokens, and the mean draft / verify / bookkeeping time
+    in AR steps of `ar_step_s` seconds, with the tokens per AR step that kind of iteration yields."""
+    kinds = {"plain": [s for s in steps if s.draft_nodes == 0], "drafted": [s for s in steps if s.draft_nodes > 0]}
+    out = {}
+    for name, group in kinds.items():
+        if not group:
+            continue
+        n = len(group)
+        part = {f: sum(getattr(s.timings, f) for s in group) / n / ar_step_s for f in ("draft_s", "verify_s", "bookkeeping_s")}
+        total = sum(part.values())
+        tokens = sum(len(s.tokens) for s in group) / n
+        out[name] = {"share": round(n / len(steps), 3), "nodes": round(sum(s.draft_nodes for s in group) / n, 2),
+                     "tokens": round(tokens, 3), **{k.replace("_s", "_steps"): round(v, 3) for k, v in part.items()},
+                     "total_steps": round(total, 3), "tokens_per_step": round(tokens / total, 3)}
+    return out
+
+
+def breakdown(tokens: int, seeds: list[int]) -> dict:
+    """The page's default Run without a UI (the runner's alternation, per-node detail on as the app asks), per seed:
+    auto / AR and `iteration_breakdown` against AR's median step."""
+    controls = ui_defaults(tokens)
+    gen: Generator = ModelCache().get(controls.model)
+
+    def run(seed: int) -> dict:
+        last, ts_steps, ar_s = {}, [], []
+        for step in interleave(gen, RunRequest(controls.prompt, controls.settings, tokens, seed), threading.Event()):
+            last[step.method] = step
+            if step.method == Method.AR:
+                ar_s.append(step.timings.total_s)
+            else:
+                ts_steps.append(step)
+        ts, ar = last[Method.TOKENSWIFT], last[Method.AR]
+        ratio = (ts.generated / ts.elapsed_s) / (ar.generated / ar.elapsed_s)
+        return {"seed": seed, "auto_over_ar": round(ratio, 3), "ar_step_ms": round(statistics.median(ar_s) * 1e3, 3),
+                **iteration_breakdown(ts_steps, statistics.median(ar_s))}
+
+    return {"tokens": tokens, "runs": [TORCH.call(run, seed) for seed in seeds]}
 
 
 def through_ui(tokens: int, probe: bool) -> dict:
@@ -196,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-headless", action="store_true", help="skip the headless reference run (long runs)")
     p.add_argument("--client", choices=["browser", "stream"], default="browser",
                    help="browser: headless Chromium on this machine; stream: a non-rendering client of the same event")
+    p.add_argument("--breakdown", type=int, nargs="+", metavar="SEED",
+                   help="only the headless run of these seeds, with TokenSwift's time split by iteration kind")
     args = p.parse_args(argv)
+    if args.breakdown:
+        print(json.dumps(breakdown(args.tokens, args.breakdown), indent=2))
+        return 0
     ui = through_ui(args.tokens, args.probe) if args.client == "browser" else through_server(args.tokens)
     report = {"tokens": args.tokens, "ui": ui}
     if not args.no_headless:
