@@ -8,6 +8,8 @@ from tokenswift.auto import PROBE_ROWS, AcceptanceStats, Calibration, CostModel,
 from tokenswift.sampling import UniformStream, decide, decide_rows, seen_rows
 from tokenswift.suffix import SuffixIndex
 
+from conftest import random_heads, tiny_model
+
 
 def window_of(history: list[int], extra: list[int], window: int) -> list[int]:
     """The penalty window exactly as AR sees it after committing `extra` (the reference definition)."""
@@ -192,8 +194,6 @@ def test_tree_events_carry_the_targets_probabilities(sampling):
     """The per-node target probabilities the app's tree view shows are read from the right row and column: at a
     visited node the token the target chose has positive probability (greedy: the largest among its siblings),
     and the children of one node never hold more than its whole distribution."""
-    from conftest import random_heads, tiny_model
-
     model = tiny_model("llama-gqa", seed=3)
     gen = ts.Generator(model, heads=random_heads(model))
     prompt = torch.randint(0, 256, (24,), generator=torch.Generator().manual_seed(5)).tolist()

@@ -96,11 +96,12 @@ def iteration_breakdown(steps: list, ar_step_s: float) -> dict:
         if not group:
             continue
         n = len(group)
-        part = {f: sum(getattr(s.timings, f) for s in group) / n / ar_step_s for f in ("draft_s", "verify_s", "bookkeeping_s")}
+        part = {f"{f}_steps": sum(getattr(s.timings, f"{f}_s") for s in group) / n / ar_step_s
+                for f in ("draft", "verify", "bookkeeping")}
         total = sum(part.values())
         tokens = sum(len(s.tokens) for s in group) / n
         out[name] = {"share": round(n / len(steps), 3), "nodes": round(sum(s.draft_nodes for s in group) / n, 2),
-                     "tokens": round(tokens, 3), **{k.replace("_s", "_steps"): round(v, 3) for k, v in part.items()},
+                     "tokens": round(tokens, 3), **{k: round(v, 3) for k, v in part.items()},
                      "total_steps": round(total, 3), "tokens_per_step": round(tokens / total, 3)}
     return out
 
