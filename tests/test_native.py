@@ -432,6 +432,47 @@ def test_sampled_tokens_follow_the_target_distribution():
     assert chi2 < 3 * int(kept.sum()), chi2
 
 
+@needs_decide
+@pytest.mark.parametrize("settings", DECIDE_SETTINGS, ids=["greedy", "greedy-penalty", "paper", "t0.7", "t1.3-minp"])
+def test_native_walk_matches_the_exact_walk_over_decided_rows(settings):
+    """`decide.walk_tree` (one native call, deciding only the rows it visits) against `acceptance.exact_walk` over
+    every row decided by the checked kernel: the same accepted path and bonus, the same token and bitwise the same
+    distribution at every visited node. The drafts mostly hold each row's likeliest token, so walks go deep."""
+    import numpy as np
+
+    from tokenswift.acceptance import exact_walk
+    from tokenswift.tree import DraftTree
+
+    gen = torch.Generator().manual_seed(21)
+    vocab, n = 500, 80
+    history = torch.randint(0, vocab, (n + 20,), generator=gen)
+    depths = []
+    for trial in range(30):
+        logits = torch.randn(24, vocab, generator=gen) * 5
+        tree = DraftTree.with_root(int(history[n - 1]))
+        top = logits.argmax(-1).tolist()
+        for i in range(1, 24):
+            parent = int(torch.randint(0, len(tree), (1,), generator=gen))
+            token = top[parent] if i % 4 else int(torch.randint(0, vocab, (1,), generator=gen))
+            if token not in tree.children[parent]:
+                tree.add_node(parent, token, "ngram", 1.0)
+        logits = logits[: len(tree)].contiguous()
+        u = torch.rand(len(tree), generator=gen, dtype=torch.float64)
+        table = np.array([tree.tokens, tree.parents], dtype=np.int64)
+        got = decide.walk_tree(logits, history.data_ptr(), n, settings.penalty_window, table, settings, u.data_ptr(),
+                               True)
+        assert got is not None
+        picks, probs = decide.decide_rows(logits, history, n, settings.penalty_window, tree.ancestor_tokens(),
+                                          settings, u[torch.tensor(tree.depths)], want_probs=True)
+        path, bonus = exact_walk(tree, picks.__getitem__)
+        assert (got[0], got[1]) == (path, bonus)
+        for node in [0] + path:
+            assert int(got[2][node]) == picks[node]
+            assert torch.equal(torch.from_numpy(got[3][node].copy()), probs[node])
+        depths.append(len(path))
+    assert max(depths) >= 3 and len(set(depths)) >= 3, depths  # walks of several lengths, some deep
+
+
 def test_native_decision_declines_settings_it_does_not_implement():
     logits = torch.randn(1, 64)
     history = torch.zeros(4, dtype=torch.int64)

@@ -311,6 +311,7 @@ class _Run:
         self.seq = torch.zeros(capacity, dtype=torch.long)  # token history for the penalty window
         self.seq[: len(ids)] = torch.tensor(ids)
         self._seq_view = self.seq.numpy()  # the same memory: writing a few ids through it skips a tensor's creation
+        self._seq_ptr = self.seq.data_ptr()  # its address, for the native walk
         a = self.a
         self.full = KVCache(a.layer_devices, capacity, a.num_kv_heads, a.head_dim, a.cache_dtype)
         self.ngrams = NGramTable(NGRAM_SIZE) if self.use_ngrams else None
@@ -704,15 +705,24 @@ class _Run:
 
         t = time.perf_counter()
         base = self.full.length  # slot of the root (the last accepted token)
-        tokens, positions, mask = verification_inputs(tree, base)
+        tokens, positions, mask, table = verification_inputs(tree, base)
         h, queries = self.a.forward(tokens, positions, self.full, base, mask, capture_queries=self.partial is not None)
         logits = self.a.logits(h)  # (N, V)
         timings.verify_s = time.perf_counter() - t
 
         t = time.perf_counter()
-        probs: torch.Tensor | None = None
-        picks: list[int] = []
-        if self.walk is exact_walk:
+        probs = None  # (N, V): the visited rows' distributions (tensor or numpy), for the events
+        picks = []  # per node: the target's token, read at visited nodes only
+        walked = None
+        if self.walk is exact_walk and logits.device.type == "cpu":  # the walk in one native call, visited rows only
+            walked = native_decide.walk_tree(logits, self._seq_ptr, len(self.ids), self.s.penalty_window, table, self.s,
+                                             0 if self.s.greedy else self.uniforms.address(max(tree.depths) + 1),
+                                             self.detail)
+        if walked is not None:
+            path, bonus, picks, probs = walked
+            if not self.s.greedy:
+                self.uniforms.take(len(path) + 1)
+        elif self.walk is exact_walk:
             extras = tree.ancestor_tokens() if self.s.penalty != 1.0 else None  # only a penalty window reads them
             picks, probs = self.decide(logits, extras, tree.depths)
             path, bonus = exact_walk(tree, picks.__getitem__)
@@ -752,11 +762,13 @@ class _Run:
         nodes: list[ev.TreeNode] = []
         if self.detail:
             visited = set(path) | {0}
-            table = probs.float().cpu().numpy() if probs is not None else None  # indexing numpy costs far less than a tensor
+            if isinstance(probs, torch.Tensor):  # indexing numpy costs far less than a tensor
+                probs = probs.float().cpu().numpy()
+            has_picks = len(picks) > 0
             for i in range(len(tree)):
                 parent = tree.parents[i]
-                target_prob = float(table[parent, tree.tokens[i]]) if table is not None and parent in visited else None
-                sample = picks[i] if picks and i in visited else None
+                target_prob = float(probs[parent, tree.tokens[i]]) if probs is not None and parent in visited else None
+                sample = int(picks[i]) if has_picks and i in visited else None
                 nodes.append(ev.TreeNode(tree.tokens[i], parent, tree.depths[i], tree.sources[i], tree.draft_probs[i],
                                          i in visited, target_prob, sample))
         timings.bookkeeping_s = time.perf_counter() - t

@@ -173,16 +173,24 @@ class UniformStream:
         self._gen = torch.Generator().manual_seed(int(seed))
         self._buffer = torch.empty(0, dtype=torch.float64)
         self._next = 0
+        self._address = self._buffer.data_ptr()
 
     def _ensure(self, k: int) -> None:
         if self._next + k > self._buffer.numel():
             rest = self._buffer[self._next :]
             more = torch.rand(max(self.BLOCK, k), generator=self._gen, dtype=torch.float64)
             self._buffer, self._next = torch.cat([rest, more]), 0
+            self._address = self._buffer.data_ptr()
 
     def peek(self, k: int) -> torch.Tensor:
         self._ensure(k)
         return self._buffer[self._next : self._next + k]
+
+    def address(self, k: int) -> int:
+        """The memory address of the next k uniforms (float64, contiguous), as `peek(k)` would show them; valid
+        until the next `take` or `address`/`peek` call that refills the block."""
+        self._ensure(k)
+        return self._address + 8 * self._next
 
     def take(self, k: int) -> None:
         self._ensure(k)

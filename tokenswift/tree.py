@@ -184,11 +184,13 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return torch.from_numpy(mask)  # numpy rows, then no copy: a few microseconds where a nested list took ~15
 
 
-def verification_inputs(tree: "DraftTree", base: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def verification_inputs(tree: "DraftTree", base: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, np.ndarray]:
     """A tree's verification pass inputs: token ids (N,), positions base + depth (N,) and the ancestor mask (None
-    for the root alone), from one numpy array (each small tensor made from a list costs ~5-20 us here)."""
-    both = np.array([tree.tokens, tree.depths], dtype=np.int64)  # (2, N)
-    both[1] += base
-    ids_positions = torch.from_numpy(both)
+    for the root alone), from one numpy array (each small tensor made from a list costs ~5-20 us here, and several
+    times that right after a forward has streamed the weights through the caches); and that (3, N) int64 array:
+    tokens, parents, positions (its first two rows are what `native.decide.walk_tree` reads)."""
+    table = np.array([tree.tokens, tree.parents, tree.depths], dtype=np.int64)  # (3, N)
+    table[2] += base
+    view = torch.from_numpy(table)
     mask = ancestor_mask(tree.parents) if len(tree.tokens) > 1 else None
-    return ids_positions[0], ids_positions[1], mask
+    return view[0], view[2], mask, table

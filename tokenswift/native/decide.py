@@ -1,4 +1,5 @@
-"""The target's token for rows of logits through the native kernel (`decide_rows.c`).
+"""The target's token for rows of logits through the native kernel (`decide_rows.c`), and the exact
+acceptance walk over a verified draft tree in one native call (`walk_tree`).
 
 `decide_rows(...)` returns None where the kernel cannot serve (no compiler, or neither AVX-512 nor AVX2 with
 FMA, settings with top-k, top-p or eta, logits that are not float32 on the CPU); callers keep the PyTorch chain of
@@ -83,6 +84,58 @@ def decide_rows(logits: torch.Tensor, history: torch.Tensor, n: int, window: int
     return work.tokens[:rows].tolist(), probs
 
 
+_WALK_ARGTYPES = [_P, _INT, _INT, _P, _LONG, _LONG, _P, _FLOAT, _INT, _FLOAT, _FLOAT, _P, _P, _P, _P, _P, _P, _P, _P]
+
+
+def _walk_function():
+    """`walk_tree` of the decide_rows library, once it has passed its own check against `exact_walk` over
+    `decide_rows` (None where the library is unavailable or disagrees)."""
+    if "walk" in _walk:
+        return _walk["walk"]
+    _walk["walk"] = None
+    lib = build.load("decide_rows") if _function() is not None else None
+    if lib is not None:
+        fn = lib.walk_tree
+        fn.restype, fn.argtypes = _INT, _WALK_ARGTYPES
+        _walk["walk"] = fn
+        if not _walk_self_check():
+            _walk["walk"] = None
+    return _walk["walk"]
+
+
+_walk: dict[str, object] = {}
+
+
+def walk_tree(logits: torch.Tensor, history_ptr: int, n: int, window: int, tree: np.ndarray, settings: Settings,
+              uniforms_ptr: int, want_probs: bool) -> tuple[list[int], int, np.ndarray, np.ndarray | None] | None:
+    """The exact walk (`acceptance.exact_walk` with every visited row decided as `decide_rows` decides it) in one
+    native call that decides only the rows it visits. logits (N, V) float32 contiguous on the CPU; history_ptr:
+    the address of the int64 token history, of which the first n are committed; tree: (2, N) int64 C-contiguous,
+    the nodes' tokens then their parents; uniforms_ptr: the address of float64 uniforms, the one for depth d at
+    index d (ignored when greedy). Returns (accepted nodes below the root, bonus token, the (N,) picks, valid
+    at visited nodes, and the visited rows' (N, V) distributions or None), or None where the kernel cannot serve.
+    The picks and distributions live in per-thread buffers: read them before the thread's next walk."""
+    kernel = _walk_function()
+    if (kernel is None or not serves(settings) or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or not logits.is_contiguous() or logits.dim() != 2):
+        return None
+    rows, vocab = logits.shape
+    work = _work(vocab, rows)
+    greedy = settings.greedy
+    probs_ptr = None
+    if want_probs:
+        if work.probs.shape[0] < rows:
+            work.grow_probs(rows)
+        probs_ptr = work.probs_ptr
+    k = kernel(logits.data_ptr(), rows, vocab, history_ptr, n, window, tree.ctypes.data, settings.penalty, greedy,
+               settings.temperature if not greedy else 1.0, settings.min_p, None if greedy else uniforms_ptr,
+               work.picks_ptr, work.path_ptr, work.bonus_ptr, probs_ptr, work.scratch_ptr, work.mark_ptr,
+               work.extra_ptr)
+    if k < 0:
+        return None
+    return work.path[:k].tolist(), int(work.bonus[0]), work.picks[:rows], work.probs[:rows] if want_probs else None
+
+
 class _Work:
     """Buffers a thread's decisions reuse (made once per vocabulary size and thread): the kernel's float row and
     byte mark per token, the chosen tokens, and the packed penalty extras (grown when a tree needs more)."""
@@ -91,9 +144,21 @@ class _Work:
         self.vocab = vocab
         self.scratch = np.empty(vocab, dtype=np.float32)
         self.mark = np.empty(vocab, dtype=np.uint8)
-        self.tokens = np.empty(max(64, rows), dtype=np.int64)
+        size = max(64, rows)
+        self.tokens = np.empty(size, dtype=np.int64)
+        # the walk's outputs and its path's tokens (a path is at most `rows` long)
+        self.picks, self.path, self.extra = (np.empty(size, dtype=np.int64) for _ in range(3))
+        self.bonus = np.empty(1, dtype=np.int64)
         self.grow(1024)
+        self.grow_probs(0)
         self.scratch_ptr, self.mark_ptr, self.tokens_ptr = (a.ctypes.data for a in (self.scratch, self.mark, self.tokens))
+        self.picks_ptr, self.path_ptr, self.extra_ptr, self.bonus_ptr = (
+            a.ctypes.data for a in (self.picks, self.path, self.extra, self.bonus))
+
+    def grow_probs(self, rows: int) -> None:
+        """Room for `rows` distributions of the walk (grown as trees need; an app's trees stay small)."""
+        self.probs = np.empty((rows, self.vocab), dtype=np.float32)
+        self.probs_ptr = self.probs.ctypes.data
 
     def grow(self, size: int) -> None:
         """A new packed-extras buffer of `size` ints (its address read once: numpy's .ctypes costs microseconds)."""
@@ -109,6 +174,44 @@ def _work(vocab: int, rows: int) -> _Work:
     if work is None or work.vocab != vocab or work.tokens.shape[0] < rows:
         work = _local.work = _Work(vocab, rows)
     return work
+
+
+def _walk_self_check() -> bool:
+    """The walk against `exact_walk` over `decide_rows` (the checked kernel): the same path, bonus, picks at the
+    visited nodes and their distributions, on random trees whose drafts often hold the decided token."""
+    from ..acceptance import exact_walk
+    from ..tree import DraftTree
+
+    gen = torch.Generator().manual_seed(1)
+    vocab, n = 97, 30
+    history = torch.randint(0, vocab, (n + 40,), generator=gen)
+    for trial, settings in enumerate((Settings(), Settings(penalty=1.3, penalty_window=12),
+                                      Settings(temperature=0.9, min_p=0.05, penalty=1.2, penalty_window=20),
+                                      Settings(temperature=1.0))):
+        logits = torch.randn(9, vocab, generator=gen) * 4
+        tree = DraftTree.with_root(int(history[n - 1]))
+        top = logits.argmax(-1).tolist()  # drafts that greedy decisions (nearly) follow, so walks go deep
+        for i in range(1, 9):
+            parent = int(torch.randint(0, len(tree), (1,), generator=gen))
+            token = top[parent] if i % 3 else int(torch.randint(0, vocab, (1,), generator=gen))
+            if token not in tree.children[parent]:
+                tree.add_node(parent, token, "ngram", 1.0)
+        logits = logits[: len(tree)].contiguous()
+        u = torch.rand(len(tree), generator=gen, dtype=torch.float64)
+        table = np.array([tree.tokens, tree.parents], dtype=np.int64)
+        got = walk_tree(logits, history.data_ptr(), n, settings.penalty_window, table, settings, u.data_ptr(), True)
+        if got is None:
+            return False
+        extras = tree.ancestor_tokens()
+        picks, probs = decide_rows(logits, history, n, settings.penalty_window, extras, settings,
+                                   None if settings.greedy else u[torch.tensor(tree.depths)], want_probs=True)
+        path, bonus = exact_walk(tree, picks.__getitem__)
+        if (got[0], got[1]) != (path, bonus):
+            return False
+        for node in [0] + path:
+            if int(got[2][node]) != picks[node] or not torch.equal(torch.from_numpy(got[3][node]), probs[node]):
+                return False
+    return True
 
 
 def _self_check() -> bool:

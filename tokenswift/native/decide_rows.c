@@ -17,7 +17,11 @@
    i whose cumulative kept mass exceeds uniforms[r] times the total (summed in float64 per block of 16).
    probs (may be NULL): each row's distribution (greedy: the softmax of the penalised logits; sampling:
    the kept mass renormalised). scratch: vocab floats; mark: vocab bytes. Returns 0, or -1 for a token
-   outside the vocabulary. */
+   outside the vocabulary.
+
+   walk_tree (below) runs the exact acceptance walk over a verified tree with the same per-row decision, deciding
+   only the rows the walk visits: one call where the Python walk took a dozen small ops, each several times its
+   usual cost right after a forward has streamed the weights through the caches. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -107,53 +111,102 @@ static int sample_kept(const float *e, int vocab, double u, double *kept) {
     return 0;
 }
 
+/* One row's decision (see decide_rows): row's logits, its window's drafted part extra[0..a), its uniform u
+   (ignored when greedy); the token goes to *token, the distribution to out (may be NULL). */
+static int decide_row(const float *row, int vocab, const int64_t *history, long n, long window, const int64_t *extra,
+                      long a, float penalty, int greedy, float temperature, float min_p, double u, int64_t *token,
+                      float *out, float *scratch, unsigned char *mark) {
+    float *x = scratch;
+    memcpy(x, row, sizeof(float) * (size_t)vocab);
+    if (penalty != 1.0f && penalise(x, vocab, history, n, window, extra, a, penalty, mark) != 0)
+        return -1;
+    float peak = row_max(x, vocab);
+    if (greedy) {
+        *token = first_index_of(x, vocab, peak);
+        if (out != NULL) {
+            double total = exp_shifted(x, out, vocab, peak, 1.0f);
+            const vf inv = vf_set1((float)(1.0 / total));
+            for (int j = 0; j < vocab; j += LANES) {
+                vmask k = tail_mask(vocab - j);
+                vf_mask_storeu(out + j, k, vf_mul(vf_maskz_loadu(k, out + j), inv));
+            }
+        }
+        return 0;
+    }
+    /* y = x / temperature; exp(y - max y) = exp((x - max x) / temperature) */
+    exp_shifted(x, x, vocab, peak, 1.0f / temperature);
+    double kept = 0.0;
+    if (min_p > 0.0f) {
+        const vf cut = vf_set1(min_p);
+        for (int j = 0; j < vocab; j += LANES) {
+            vmask k = tail_mask(vocab - j);
+            vf e = vf_maskz_loadu(k, x + j);
+            vmask keep = vf_mask_cmp_ge(k, e, cut);
+            e = vf_maskz_mov(keep, e);
+            vf_mask_storeu(x + j, k, e);
+        }
+    }
+    *token = sample_kept(x, vocab, u, &kept);
+    if (out != NULL) {  /* the kept mass renormalised by the sampler's own total */
+        const vf inv = vf_set1((float)(1.0 / kept));
+        for (int j = 0; j < vocab; j += LANES) {
+            vmask k = tail_mask(vocab - j);
+            vf_mask_storeu(out + j, k, vf_mul(vf_maskz_loadu(k, x + j), inv));
+        }
+    }
+    return 0;
+}
+
 int decide_rows(const float *logits, int rows, int vocab, const int64_t *history, long n, long window,
                 const int64_t *extras, const int64_t *offsets, float penalty, int greedy, float temperature,
                 float min_p, const double *uniforms, int64_t *tokens, float *probs, float *scratch,
                 unsigned char *mark) {
     for (int r = 0; r < rows; r++) {
-        float *x = scratch;
-        memcpy(x, logits + (size_t)r * vocab, sizeof(float) * (size_t)vocab);
-        if (penalty != 1.0f) {
-            const int64_t *extra = extras + offsets[r];
-            if (penalise(x, vocab, history, n, window, extra, offsets[r + 1] - offsets[r], penalty, mark) != 0)
-                return -1;
-        }
-        float *out = probs != NULL ? probs + (size_t)r * vocab : NULL;
-        float peak = row_max(x, vocab);
-        if (greedy) {
-            tokens[r] = first_index_of(x, vocab, peak);
-            if (out != NULL) {
-                double total = exp_shifted(x, out, vocab, peak, 1.0f);
-                const vf inv = vf_set1((float)(1.0 / total));
-                for (int j = 0; j < vocab; j += LANES) {
-                    vmask k = tail_mask(vocab - j);
-                    vf_mask_storeu(out + j, k, vf_mul(vf_maskz_loadu(k, out + j), inv));
-                }
-            }
-            continue;
-        }
-        /* y = x / temperature; exp(y - max y) = exp((x - max x) / temperature) */
-        exp_shifted(x, x, vocab, peak, 1.0f / temperature);
-        double kept = 0.0;
-        if (min_p > 0.0f) {
-            const vf cut = vf_set1(min_p);
-            for (int j = 0; j < vocab; j += LANES) {
-                vmask k = tail_mask(vocab - j);
-                vf e = vf_maskz_loadu(k, x + j);
-                vmask keep = vf_mask_cmp_ge(k, e, cut);
-                e = vf_maskz_mov(keep, e);
-                vf_mask_storeu(x + j, k, e);
-            }
-        }
-        tokens[r] = sample_kept(x, vocab, uniforms[r], &kept);
-        if (out != NULL) {  /* the kept mass renormalised by the sampler's own total */
-            const vf inv = vf_set1((float)(1.0 / kept));
-            for (int j = 0; j < vocab; j += LANES) {
-                vmask k = tail_mask(vocab - j);
-                vf_mask_storeu(out + j, k, vf_mul(vf_maskz_loadu(k, x + j), inv));
-            }
-        }
+        const int64_t *extra = penalty != 1.0f ? extras + offsets[r] : NULL;
+        long a = penalty != 1.0f ? (long)(offsets[r + 1] - offsets[r]) : 0;
+        if (decide_row(logits + (size_t)r * vocab, vocab, history, n, window, extra, a, penalty, greedy, temperature,
+                       min_p, greedy ? 0.0 : uniforms[r], tokens + r, probs != NULL ? probs + (size_t)r * vocab : NULL,
+                       scratch, mark) != 0)
+            return -1;
     }
     return 0;
+}
+
+/* The exact acceptance walk (SpecInfer's naive sampling, `acceptance.exact_walk`) over a verified draft tree,
+   deciding only the rows it visits. The tree: nodes rows of logits, node 0 the root, tree[0 .. nodes) the
+   tokens and tree[nodes .. 2 nodes) the parents (-1 for the root; a parent precedes its children). From the
+   root: decide the node's row (its window's drafted part is the path so far, the node's own token included;
+   a node at depth d takes uniforms[d]), follow the child holding that token, stop where none does.
+   picks[node]: the token decided at each visited node (other entries untouched); probs (may be NULL): the
+   visited rows' distributions; path[0 .. k): the accepted nodes below the root; *bonus: the last decision;
+   extra: room for `nodes` ids. Returns k, or -1 for a token outside the vocabulary. */
+int walk_tree(const float *logits, int nodes, int vocab, const int64_t *history, long n, long window,
+              const int64_t *tree, float penalty, int greedy, float temperature, float min_p,
+              const double *uniforms, int64_t *picks, int64_t *path, int64_t *bonus, float *probs, float *scratch,
+              unsigned char *mark, int64_t *extra) {
+    const int64_t *tokens = tree, *parents = tree + nodes;
+    int node = 0, depth = 0;
+    for (;;) {
+        int64_t token;
+        if (decide_row(logits + (size_t)node * vocab, vocab, history, n, window, extra, depth, penalty, greedy,
+                       temperature, min_p, greedy ? 0.0 : uniforms[depth], &token,
+                       probs != NULL ? probs + (size_t)node * vocab : NULL, scratch, mark) != 0)
+            return -1;
+        picks[node] = token;
+        int child = -1;
+        for (int j = node + 1; j < nodes; j++) {
+            if (parents[j] == node && tokens[j] == token) {
+                child = j;
+                break;
+            }
+        }
+        if (child < 0) {
+            *bonus = token;
+            return depth;
+        }
+        path[depth] = child;
+        extra[depth] = token;
+        depth++;
+        node = child;
+    }
 }
