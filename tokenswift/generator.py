@@ -299,7 +299,10 @@ class _Run:
         else:  # paper: base LM head + each extra head; fused: the extra heads only
             levels = heads.num_heads if self.fused else 1 + heads.num_heads
             self.paths = [p for p in self.paths if len(p) <= levels]
-        self.fused_hidden: torch.Tensor | None = None  # (1, H) verification hidden state at the last accepted node
+        # the verification pass's hidden states and the row of the last accepted node (the heads' input when fused),
+        # sliced only when the heads read it (`fused_hidden`): a tensor op right after a forward costs ~0.03-0.1 ms
+        self._fused: tuple[torch.Tensor, int] | None = None
+        self._fused_row: torch.Tensor | None = None
         self._move_hidden = gen.adapter.layer_devices[-1] != gen.adapter.head_device  # heads on another device
         self.widths = tree_widths(self.paths)
         self.use_ngrams = method == Method.TOKENSWIFT and settings.ngram_reuse and settings.ngram_topk > 0
@@ -339,6 +342,19 @@ class _Run:
         self.eos = gen.tokenizer.eos_token_id if gen.tokenizer is not None else None
 
     # ---- helpers ---------------------------------------------------------------------------------------
+    @property
+    def fused_hidden(self) -> torch.Tensor | None:
+        """(1, H) verification hidden state at the last accepted node, on the heads' device (None before any)."""
+        if self._fused_row is None and self._fused is not None:
+            h, row = self._fused
+            hidden = h[row : row + 1]
+            self._fused_row = hidden.to(self.a.head_device) if self._move_hidden else hidden
+        return self._fused_row
+
+    def keep_hidden(self, h: torch.Tensor, row: int) -> None:
+        """Remember the verification's hidden states (T, H) and the last accepted row for the fused heads."""
+        self._fused, self._fused_row = (h, row), None
+
     def seen(self, extras: list[list[int]] | None) -> torch.Tensor | None:
         """(N, V) penalty windows of N rows whose drafted ancestors are `extras` (None: no penalty)."""
         if self.s.penalty == 1.0:
@@ -680,7 +696,7 @@ class _Run:
         root = self.ids[-1]
         h, token = self.one_row_step(timings)
         if self.fused:
-            self.fused_hidden = h.to(self.a.head_device) if self._move_hidden else h
+            self.keep_hidden(h, 0)
         nodes = [ev.TreeNode(root, -1, 0, Source.ROOT, 1.0, True, None, token)] if self.detail else []
         return [ev.AcceptedToken(token, Source.BONUS, 1)], nodes, 0, note
 
@@ -743,8 +759,7 @@ class _Run:
         self.commit(new_tokens)
         last_row = path[-1] if path else 0
         if self.fused:
-            hidden = h[last_row : last_row + 1]
-            self.fused_hidden = hidden.to(self.a.head_device) if self._move_hidden else hidden
+            self.keep_hidden(h, last_row)
         if self.partial is not None:
             self.partial.append(self.full, list(range(base, self.full.length)), [q[:, last_row] for q in queries])
         if keys is not None:
