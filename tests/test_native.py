@@ -441,22 +441,13 @@ def test_native_walk_matches_the_exact_walk_over_decided_rows(settings):
     import numpy as np
 
     from tokenswift.acceptance import exact_walk
-    from tokenswift.tree import DraftTree
 
     gen = torch.Generator().manual_seed(21)
     vocab, n = 500, 80
     history = torch.randint(0, vocab, (n + 20,), generator=gen)
     depths = []
     for trial in range(30):
-        logits = torch.randn(24, vocab, generator=gen) * 5
-        tree = DraftTree.with_root(int(history[n - 1]))
-        top = logits.argmax(-1).tolist()
-        for i in range(1, 24):
-            parent = int(torch.randint(0, len(tree), (1,), generator=gen))
-            token = top[parent] if i % 4 else int(torch.randint(0, vocab, (1,), generator=gen))
-            if token not in tree.children[parent]:
-                tree.add_node(parent, token, "ngram", 1.0)
-        logits = logits[: len(tree)].contiguous()
+        logits, tree = decide.random_draft(torch.randn(24, vocab, generator=gen) * 5, int(history[n - 1]), 4, gen)
         u = torch.rand(len(tree), generator=gen, dtype=torch.float64)
         table = np.array([tree.tokens, tree.parents], dtype=np.int64)
         got = decide.walk_tree(logits, history.data_ptr(), n, settings.penalty_window, table, settings, u.data_ptr(),

@@ -176,11 +176,26 @@ def _work(vocab: int, rows: int) -> _Work:
     return work
 
 
+def random_draft(logits: torch.Tensor, root: int, follow_every: int, gen: torch.Generator):
+    """A random draft trie for checking walks: node i (1 <= i < rows of logits) hangs below a random earlier node and
+    holds that node's likeliest token, except every `follow_every`-th, which holds a random one (merged where equal),
+    so that decisions often follow it and walks go deep. Returns (the logits of its nodes, contiguous; the trie)."""
+    from ..tree import DraftTree
+
+    tree = DraftTree.with_root(root)
+    top = logits.argmax(-1).tolist()
+    for i in range(1, logits.shape[0]):
+        parent = int(torch.randint(0, len(tree), (1,), generator=gen))
+        token = top[parent] if i % follow_every else int(torch.randint(0, logits.shape[1], (1,), generator=gen))
+        if token not in tree.children[parent]:
+            tree.add_node(parent, token, "ngram", 1.0)
+    return logits[: len(tree)].contiguous(), tree
+
+
 def _walk_self_check() -> bool:
     """The walk against `exact_walk` over `decide_rows` (the checked kernel): the same path, bonus, picks at the
     visited nodes and their distributions, on random trees whose drafts often hold the decided token."""
     from ..acceptance import exact_walk
-    from ..tree import DraftTree
 
     gen = torch.Generator().manual_seed(1)
     vocab, n = 97, 30
@@ -188,15 +203,7 @@ def _walk_self_check() -> bool:
     for trial, settings in enumerate((Settings(), Settings(penalty=1.3, penalty_window=12),
                                       Settings(temperature=0.9, min_p=0.05, penalty=1.2, penalty_window=20),
                                       Settings(temperature=1.0))):
-        logits = torch.randn(9, vocab, generator=gen) * 4
-        tree = DraftTree.with_root(int(history[n - 1]))
-        top = logits.argmax(-1).tolist()  # drafts that greedy decisions (nearly) follow, so walks go deep
-        for i in range(1, 9):
-            parent = int(torch.randint(0, len(tree), (1,), generator=gen))
-            token = top[parent] if i % 3 else int(torch.randint(0, vocab, (1,), generator=gen))
-            if token not in tree.children[parent]:
-                tree.add_node(parent, token, "ngram", 1.0)
-        logits = logits[: len(tree)].contiguous()
+        logits, tree = random_draft(torch.randn(9, vocab, generator=gen) * 4, int(history[n - 1]), 3, gen)
         u = torch.rand(len(tree), generator=gen, dtype=torch.float64)
         table = np.array([tree.tokens, tree.parents], dtype=np.int64)
         got = walk_tree(logits, history.data_ptr(), n, settings.penalty_window, table, settings, u.data_ptr(), True)
