@@ -180,6 +180,7 @@ def random_draft(logits: torch.Tensor, root: int, follow_every: int, gen: torch.
     """A random draft trie for checking walks: node i (1 <= i < rows of logits) hangs below a random earlier node and
     holds that node's likeliest token, except every `follow_every`-th, which holds a random one (merged where equal),
     so that decisions often follow it and walks go deep. Returns (the logits of its nodes, contiguous; the trie)."""
+    from ..kinds import Source
     from ..tree import DraftTree
 
     tree = DraftTree.with_root(root)
@@ -188,7 +189,7 @@ def random_draft(logits: torch.Tensor, root: int, follow_every: int, gen: torch.
         parent = int(torch.randint(0, len(tree), (1,), generator=gen))
         token = top[parent] if i % follow_every else int(torch.randint(0, logits.shape[1], (1,), generator=gen))
         if token not in tree.children[parent]:
-            tree.add_node(parent, token, "ngram", 1.0)
+            tree.add_node(parent, token, Source.NGRAM, 1.0)
     return logits[: len(tree)].contiguous(), tree
 
 
