@@ -30,6 +30,11 @@
         One lean forward (and the logits) of each number of new tokens over a held-out prompt's cache, split into
         attention, weight matrices, logits and the rest: what a verified row costs. See tokenswift/bench_rows.py.
 
+    python -m tokenswift.bench parts [--row greedy] [--context 1024] [--tokens 1000] [--repeats 2] [--detail]
+        Our AR's steps and TokenSwift auto's iterations in real generations, split into the forward, the logits and
+        the Python around them (drafting and its parts, verification inputs, the walk, the decision, bookkeeping):
+        what a drafted iteration costs beyond its rows, in AR steps. See tokenswift/bench_parts.py.
+
     python -m tokenswift.bench speed [--contexts 1024 16000] [--tokens 1000] [--repeats 3] [--auto-tree auto]
         Our AR, TokenSwift (auto tree, paper tree) and HF generate (bf16, fp32, prompt lookup) on held-out corpus
         prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
@@ -330,6 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--context", type=int, default=1024)
     r.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 9, 12])
     r.add_argument("--repeats", type=int, default=60)
+    q = sub.add_parser("parts", help="AR steps and auto iterations in the decode loop, split into parts")
+    q.add_argument("--model", default="assets/default-model")
+    q.add_argument("--row", default="greedy", choices=["greedy", "greedy+penalty", "paper"])
+    q.add_argument("--context", type=int, default=1024)
+    q.add_argument("--tokens", type=int, default=1000)
+    q.add_argument("--repeats", type=int, default=2)
+    q.add_argument("--detail", action="store_true", help="per-node events, as the app asks for them")
     from . import bench_speed
 
     bench_speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
@@ -348,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench_rows import rows
 
         print(json.dumps(rows(args.model, args.text, args.context, args.rows, args.repeats)))
+    elif args.command == "parts":
+        from .bench_parts import parts
+
+        print(json.dumps(parts(args.model, args.row, args.context, args.tokens, args.repeats, args.detail)))
     elif args.command == "context":
         print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))
     return 0

@@ -1,0 +1,42 @@
+"""`python -m tokenswift.bench parts`: AR steps and auto iterations split into parts, on the shipped default model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tokenswift import bench, generator
+from tokenswift.adapter import ModelAdapter
+from tokenswift.bench_parts import PARTS, parts
+from tokenswift.native import decide
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(ROOT / "assets" / "default-model")
+
+
+def test_parts_times_each_kind_of_iteration_and_restores_the_engine(capsys):
+    originals = (ModelAdapter.forward, generator._Run.draft_auto, generator.verification_inputs, decide.walk_tree)
+    threads = torch.get_num_threads()
+    result = parts(MODEL, "greedy", context=64, tokens=60, repeats=1)
+    kinds = result["iterations"]
+    ar = kinds["ar"]
+    assert ar["iterations"] == 59  # the first step (which carries the prefill) is left out
+    for label in ("forward", "logits", "decide", "cache_state"):
+        assert ar[label]["share"] == 1.0 and ar[label]["ms"] > 0
+    assert ar["total"]["ar_steps"] == 1.0
+    assert ar["forward"]["ms"] < ar["total"]["ms"]
+    assert "draft" not in ar and "walk" not in ar  # AR neither drafts nor walks a tree
+    auto = [kinds[k] for k in ("plain", "drafted") if k in kinds]
+    assert auto and all(k["draft"]["share"] == 1.0 for k in auto)  # every auto iteration asks the planner
+    if "drafted" in kinds:  # a drafted iteration verifies a tree: its inputs and the native walk (or the decision)
+        d = kinds["drafted"]
+        assert d["inputs"]["share"] == 1.0
+        assert d.get("walk", {"share": 0})["share"] + d.get("decide", {"share": 0})["share"] >= 1.0
+    assert 1.0 <= result["auto_tokens_per_iteration"] <= 1 + 12
+    assert result["settings"]["tree"] == "auto"
+    assert (ModelAdapter.forward, generator._Run.draft_auto, generator.verification_inputs, decide.walk_tree) == originals
+    assert set(PARTS) >= {"forward", "logits", "draft", "inputs", "walk", "decide"}
+    assert torch.get_num_threads() == threads
+
+    assert bench.main(["parts", "--model", MODEL, "--context", "32", "--tokens", "12", "--repeats", "1"]) == 0
+    assert '"benchmark": "parts"' in capsys.readouterr().out

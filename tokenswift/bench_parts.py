@@ -1,0 +1,158 @@
+"""Where an iteration's time goes in the decode loop: our AR's steps beside TokenSwift auto's iterations, split
+into the forward, the logits and the Python around them (drafting, the verification inputs, the decision, the
+cache report), each part timed where it runs.
+
+    python -m tokenswift.bench parts [--row greedy] [--context 1024] [--tokens 1000] [--repeats 2] [--detail]
+
+Why: a part timed alone on warm caches says little here. A forward streams about 31 MB of weights through a
+2-vCPU host's caches, and a small call right after it costs several times what it costs in a loop of its own
+(README, "Speed on a CPU"). So the parts are timed inside real generations: the engine's functions are wrapped
+for the duration of the benchmark (one clock read on each side of every call, about 1 us) and restored after.
+AR and auto alternate, `repeats` generations each, so that the machine's drift falls on both alike.
+
+Auto's iterations are split by kind: `plain` (no draft was verified: an AR-cost step, or a plan that kept
+nothing) and `drafted` (at least one drafted node). For each part: the median milliseconds over the
+iterations that called it and the share of iterations that did; `other` is each iteration's time outside the
+top-level parts (the bookkeeping: KV compaction, commits, acceptance statistics, events). Times in AR steps
+divide by our AR's median step.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections import defaultdict
+from typing import Iterator
+
+import torch
+
+# label -> (dotted owner, attribute). Labels with a dot are parts of the part before the dot (not summed twice).
+PARTS: dict[str, tuple[str, str]] = {
+    "forward": ("tokenswift.adapter:ModelAdapter", "forward"),
+    "logits": ("tokenswift.adapter:ModelAdapter", "logits"),
+    "draft": ("tokenswift.generator:_Run", "draft_auto"),
+    "draft.index": ("tokenswift.generator:_Run", "index_new_tokens"),
+    "draft.suffix": ("tokenswift.suffix:SuffixIndex", "lookup"),
+    "draft.datastore": ("tokenswift.datastore:Datastore", "lookup"),
+    "draft.ngrams": ("tokenswift.ngram:NGramTable", "top"),
+    "draft.heads": ("tokenswift.generator:_Run", "head_candidates"),
+    "draft.plan": ("tokenswift.generator", "choose"),
+    "inputs": ("tokenswift.generator", "verification_inputs"),
+    "walk": ("tokenswift.native.decide", "walk_tree"),
+    "decide": ("tokenswift.generator:_Run", "decide"),
+    "cache_state": ("tokenswift.generator:_Run", "cache_state"),
+}
+TOP_LEVEL = tuple(label for label in PARTS if "." not in label)
+
+
+def _owner(dotted: str):
+    import importlib
+
+    module, _, cls = dotted.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, cls) if cls else obj
+
+
+@contextlib.contextmanager
+def timed_parts(totals: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
+    """While active, every call of a PARTS function adds its seconds to totals[label] and 1 to calls[label]."""
+    saved = []
+    for label, (dotted, name) in PARTS.items():
+        owner = _owner(dotted)
+        original = getattr(owner, name)
+        saved.append((owner, name, original))
+
+        def timed(*args, _f=original, _label=label, **kwargs):
+            t = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                totals[_label] += time.perf_counter() - t
+                calls[_label] += 1
+
+        setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+
+def _kind(step) -> str:
+    from .kinds import Method
+
+    if step.method == Method.AR:
+        return Method.AR
+    return "drafted" if step.draft_nodes else "plain"
+
+
+def parts(model: str, row: str, context: int, tokens: int, repeats: int, detail: bool = False,
+          threads: int = 1) -> dict:
+    """Per iteration kind (ar, plain, drafted): the median total, each part's median and share, in ms and AR
+    steps, on `threads` torch threads (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _parts(model, row, context, tokens, repeats, detail)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail: bool) -> dict:
+    from .bench_speed import ROWS, held_out_prompts
+    from .generator import Generator
+    from .kinds import Method
+    from .tree import AUTO
+
+    gen = Generator.from_pretrained(model)
+    gen.warm_up()
+    prompt = held_out_prompts(gen.encode, [context])[context]["ids"]
+    settings = ROWS[row]
+    runs = ((Method.AR, settings), (Method.TOKENSWIFT, settings.with_changes(tree=AUTO)))
+    samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    iterations: dict[str, int] = defaultdict(int)
+    made = {Method.AR: 0, Method.TOKENSWIFT: 0}
+    totals: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    with timed_parts(totals, calls):
+        for _ in range(repeats):
+            for method, s in runs:
+                for step in gen.stream(prompt, s, tokens, method=method, seed=0, detail=detail):
+                    seconds, called = dict(totals), dict(calls)
+                    totals.clear()
+                    calls.clear()
+                    if step.index == 0:  # the prefill's calls land on the first step
+                        continue
+                    kind = _kind(step)
+                    iterations[kind] += 1
+                    made[method] += len(step.tokens)
+                    total = step.timings.total_s
+                    samples[kind]["total"].append(total)
+                    samples[kind]["other"].append(total - sum(seconds.get(p, 0.0) for p in TOP_LEVEL))
+                    for label, sec in seconds.items():
+                        samples[kind][label].append(sec)
+                        counts[kind][label] += 1
+    ar_step = statistics.median(samples[Method.AR]["total"])
+    table = {}
+    for kind in (Method.AR, "plain", "drafted"):
+        n = iterations[kind]
+        if not n:
+            continue
+        out = {"iterations": n}
+        for label, values in samples[kind].items():
+            ms = statistics.median(values) * 1e3
+            cell = {"ms": round(ms, 3), "ar_steps": round(ms / (ar_step * 1e3), 3)}
+            if label in PARTS:
+                cell["share"] = round(counts[kind][label] / n, 3)
+            out[label] = cell
+        table[str(kind)] = out
+    auto_iterations = iterations["plain"] + iterations["drafted"]
+    return {"benchmark": "parts", "model": model, "row": row, "settings": runs[1][1].to_dict(), "context": len(prompt),
+            "new_tokens": tokens, "repeats": repeats, "detail": detail, "threads": torch.get_num_threads(),
+            "ar_step_ms": round(ar_step * 1e3, 3),
+            "auto_tokens_per_iteration": round(made[Method.TOKENSWIFT] / max(1, auto_iterations), 3),
+            "iterations": table,
+            "parts": "ms: median over the iterations that called the part; share: the fraction of iterations that "
+                     "did; other: an iteration's time outside forward, logits, draft, inputs, walk, decide and "
+                     "cache_state (KV compaction, commits, acceptance statistics, events); draft.*: parts of draft"}
