@@ -35,6 +35,11 @@
         the Python around them (drafting and its parts, verification inputs, the walk, the decision, bookkeeping):
         what a drafted iteration costs beyond its rows, in AR steps. See tokenswift/bench_parts.py.
 
+    python -m tokenswift.bench bonus-head [--train-tokens 240000] [--epochs 3] [--penalty 1.0] [--tokens 1000]
+        Trains a probe head that sees the token it follows (Hydra / EAGLE style) on the frozen model, then counts
+        along our AR continuation of a held-out prompt how often its first guess is right where the suffix match
+        and the datastore are not: what such heads could add. See tokenswift/bench_bonus_head.py.
+
     python -m tokenswift.bench speed [--contexts 1024 16000] [--tokens 1000] [--repeats 3] [--auto-tree auto]
         Our AR, TokenSwift (auto tree, paper tree) and HF generate (bf16, fp32, prompt lookup) on held-out corpus
         prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
@@ -342,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--tokens", type=int, default=1000)
     q.add_argument("--repeats", type=int, default=2)
     q.add_argument("--detail", action="store_true", help="per-node events, as the app asks for them")
+    o = sub.add_parser("bonus-head", help="what a head that sees the token it follows could add to auto's drafts")
+    o.add_argument("--model", default="assets/default-model")
+    o.add_argument("--train-tokens", type=int, default=240_000)
+    o.add_argument("--epochs", type=int, default=3)
+    o.add_argument("--penalty", type=float, default=1.0)
+    o.add_argument("--context", type=int, default=1024)
+    o.add_argument("--tokens", type=int, default=1000)
+    o.add_argument("--seed", type=int, default=0)
     from . import bench_speed
 
     bench_speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
@@ -364,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         from .bench_parts import parts
 
         print(json.dumps(parts(args.model, args.row, args.context, args.tokens, args.repeats, args.detail)))
+    elif args.command == "bonus-head":
+        from .bench_bonus_head import bonus_head
+
+        print(json.dumps(bonus_head(args.model, args.train_tokens, args.epochs, args.penalty, args.context,
+                                    args.tokens, args.seed)))
     elif args.command == "context":
         print(json.dumps(context(args.model, args.text, args.contexts, args.tokens)))
     return 0
