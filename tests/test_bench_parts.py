@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from tokenswift import bench, generator
@@ -12,12 +13,22 @@ from tokenswift.native import decide
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "assets" / "default-model")
+LINE = "It was a fine morning, and Emma walked to Hartfield with her father and Mr. Knightley."
 
 
-def test_parts_times_each_kind_of_iteration_and_restores_the_engine(capsys):
+@pytest.fixture
+def text(tmp_path):
+    """A plain-text file whose held-out part (its last 5% of lines) has more than 64 tokens (no corpus needed)."""
+    path = tmp_path / "text.txt"
+    path.write_text("\n".join(f"{LINE} ({i})" for i in range(300)), encoding="utf-8")
+    return str(path)
+
+
+def test_parts_times_each_kind_of_iteration_and_restores_the_engine(text, capsys):
     originals = (ModelAdapter.forward, generator._Run.draft_auto, generator.verification_inputs, decide.walk_tree)
     threads = torch.get_num_threads()
-    result = parts(MODEL, "greedy", context=64, tokens=60, repeats=1)
+    result = parts(MODEL, "greedy", context=64, tokens=60, repeats=1, text_path=text)
+    assert result["context"] == 64
     kinds = result["iterations"]
     ar = kinds["ar"]
     assert ar["iterations"] == 59  # the first step (which carries the prefill) is left out
@@ -38,5 +49,6 @@ def test_parts_times_each_kind_of_iteration_and_restores_the_engine(capsys):
     assert set(PARTS) >= {"forward", "logits", "draft", "inputs", "walk", "decide"}
     assert torch.get_num_threads() == threads
 
-    assert bench.main(["parts", "--model", MODEL, "--context", "32", "--tokens", "12", "--repeats", "1"]) == 0
+    assert bench.main(["parts", "--model", MODEL, "--context", "32", "--tokens", "12", "--repeats", "1",
+                       "--text", text]) == 0
     assert '"benchmark": "parts"' in capsys.readouterr().out

@@ -347,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--tokens", type=int, default=1000)
     q.add_argument("--repeats", type=int, default=2)
     q.add_argument("--detail", action="store_true", help="per-node events, as the app asks for them")
+    q.add_argument("--text", default=None, help="prompt from this file's held-out part (default: the corpus's, "
+                                                "as bench speed)")
     o = sub.add_parser("bonus-head", help="what a head that sees the token it follows could add to auto's drafts")
     o.add_argument("--model", default="assets/default-model")
     o.add_argument("--train-tokens", type=int, default=240_000)
@@ -376,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "parts":
         from .bench_parts import parts
 
-        print(json.dumps(parts(args.model, args.row, args.context, args.tokens, args.repeats, args.detail)))
+        print(json.dumps(parts(args.model, args.row, args.context, args.tokens, args.repeats, args.detail, args.text)))
     elif args.command == "bonus-head":
         from .bench_bonus_head import bonus_head
 

@@ -3,6 +3,7 @@ into the forward, the logits and the Python around them (drafting, the verificat
 cache report), each part timed where it runs.
 
     python -m tokenswift.bench parts [--row greedy] [--context 1024] [--tokens 1000] [--repeats 2] [--detail]
+                                     [--text FILE]
 
 Why: a part timed alone on warm caches says little here. A forward streams about 31 MB of weights through a
 2-vCPU host's caches, and a small call right after it costs several times what it costs in a loop of its own
@@ -87,26 +88,38 @@ def _kind(step) -> str:
 
 
 def parts(model: str, row: str, context: int, tokens: int, repeats: int, detail: bool = False,
-          threads: int = 1) -> dict:
+          text_path: str | None = None, threads: int = 1) -> dict:
     """Per iteration kind (ar, plain, drafted): the median total, each part's median and share, in ms and AR
-    steps, on `threads` torch threads (restored afterwards)."""
+    steps, on `threads` torch threads (restored afterwards). The prompt: the first `context` tokens of the
+    corpus's held-out text (as `bench speed`), or of `text_path`'s held-out part (its last 5% of lines)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _parts(model, row, context, tokens, repeats, detail)
+        return _parts(model, row, context, tokens, repeats, detail, text_path)
     finally:
         torch.set_num_threads(before)
 
 
-def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail: bool) -> dict:
-    from .bench_speed import ROWS, held_out_prompts
+def _prompt(gen, context: int, text_path: str | None) -> list[int]:
+    from .bench_speed import held_out_prompts
+    from .train.corpus import split_text
+
+    if text_path is None:
+        return held_out_prompts(gen.encode, [context])[context]["ids"]
+    with open(text_path, encoding="utf-8") as f:
+        return gen.encode(split_text(f.read())[1])[:context]
+
+
+def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail: bool,
+           text_path: str | None) -> dict:
+    from .bench_speed import ROWS
     from .generator import Generator
     from .kinds import Method
     from .tree import AUTO
 
     gen = Generator.from_pretrained(model)
     gen.warm_up()
-    prompt = held_out_prompts(gen.encode, [context])[context]["ids"]
+    prompt = _prompt(gen, context, text_path)
     settings = ROWS[row]
     runs = ((Method.AR, settings), (Method.TOKENSWIFT, settings.with_changes(tree=AUTO)))
     samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
