@@ -27,6 +27,8 @@ from typing import Iterator
 
 import torch
 
+from .kinds import Method
+
 # label -> (dotted owner, attribute). Labels with a dot are parts of the part before the dot (not summed twice).
 PARTS: dict[str, tuple[str, str]] = {
     "forward": ("tokenswift.adapter:ModelAdapter", "forward"),
@@ -55,8 +57,8 @@ def _owner(dotted: str):
 
 
 @contextlib.contextmanager
-def timed_parts(totals: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
-    """While active, every call of a PARTS function adds its seconds to totals[label] and 1 to calls[label]."""
+def timed_parts(totals: dict[str, float]) -> Iterator[None]:
+    """While active, every call of a PARTS function adds its seconds to totals[label]."""
     saved = []
     for label, (dotted, name) in PARTS.items():
         owner = _owner(dotted)
@@ -69,7 +71,6 @@ def timed_parts(totals: dict[str, float], calls: dict[str, int]) -> Iterator[Non
                 return _f(*args, **kwargs)
             finally:
                 totals[_label] += time.perf_counter() - t
-                calls[_label] += 1
 
         setattr(owner, name, timed)
     try:
@@ -80,8 +81,6 @@ def timed_parts(totals: dict[str, float], calls: dict[str, int]) -> Iterator[Non
 
 
 def _kind(step) -> str:
-    from .kinds import Method
-
     if step.method == Method.AR:
         return Method.AR
     return "drafted" if step.draft_nodes else "plain"
@@ -114,7 +113,6 @@ def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail
            text_path: str | None) -> dict:
     from .bench_speed import ROWS
     from .generator import Generator
-    from .kinds import Method
     from .tree import AUTO
 
     gen = Generator.from_pretrained(model)
@@ -122,34 +120,30 @@ def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail
     prompt = _prompt(gen, context, text_path)
     settings = ROWS[row]
     runs = ((Method.AR, settings), (Method.TOKENSWIFT, settings.with_changes(tree=AUTO)))
+    # samples[kind][label]: one value per iteration of that kind that called the part ("total" and "other": every one)
     samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    iterations: dict[str, int] = defaultdict(int)
-    made = {Method.AR: 0, Method.TOKENSWIFT: 0}
+    auto_tokens = 0
     totals: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    with timed_parts(totals, calls):
+    with timed_parts(totals):
         for _ in range(repeats):
             for method, s in runs:
                 for step in gen.stream(prompt, s, tokens, method=method, seed=0, detail=detail):
-                    seconds, called = dict(totals), dict(calls)
+                    seconds = dict(totals)
                     totals.clear()
-                    calls.clear()
                     if step.index == 0:  # the prefill's calls land on the first step
                         continue
                     kind = _kind(step)
-                    iterations[kind] += 1
-                    made[method] += len(step.tokens)
+                    if method == Method.TOKENSWIFT:
+                        auto_tokens += len(step.tokens)
                     total = step.timings.total_s
                     samples[kind]["total"].append(total)
                     samples[kind]["other"].append(total - sum(seconds.get(p, 0.0) for p in TOP_LEVEL))
                     for label, sec in seconds.items():
                         samples[kind][label].append(sec)
-                        counts[kind][label] += 1
     ar_step = statistics.median(samples[Method.AR]["total"])
     table = {}
     for kind in (Method.AR, "plain", "drafted"):
-        n = iterations[kind]
+        n = len(samples[kind]["total"]) if kind in samples else 0
         if not n:
             continue
         out = {"iterations": n}
@@ -157,14 +151,14 @@ def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail
             ms = statistics.median(values) * 1e3
             cell = {"ms": round(ms, 3), "ar_steps": round(ms / (ar_step * 1e3), 3)}
             if label in PARTS:
-                cell["share"] = round(counts[kind][label] / n, 3)
+                cell["share"] = round(len(values) / n, 3)
             out[label] = cell
         table[str(kind)] = out
-    auto_iterations = iterations["plain"] + iterations["drafted"]
+    auto_iterations = sum(len(samples[k]["total"]) for k in ("plain", "drafted") if k in samples)
     return {"benchmark": "parts", "model": model, "row": row, "settings": runs[1][1].to_dict(), "context": len(prompt),
             "new_tokens": tokens, "repeats": repeats, "detail": detail, "threads": torch.get_num_threads(),
             "ar_step_ms": round(ar_step * 1e3, 3),
-            "auto_tokens_per_iteration": round(made[Method.TOKENSWIFT] / max(1, auto_iterations), 3),
+            "auto_tokens_per_iteration": round(auto_tokens / max(1, auto_iterations), 3),
             "iterations": table,
             "parts": "ms: median over the iterations that called the part; share: the fraction of iterations that "
                      "did; other: an iteration's time outside forward, logits, draft, inputs, walk, decide and "
