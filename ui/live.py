@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 import gradio as gr
 
 from tokenswift import Settings
+from tokenswift.builtin import FetchError
 from tokenswift.serve.engine_process import EngineProcess, ProcessRunner
 from tokenswift.serve.export import load_trace_file, write_trace_file
 from tokenswift.serve.limits import Limits
@@ -33,6 +34,7 @@ PLOT_PERIOD_S = float(os.environ.get("TOKENSWIFT_PLOT_PERIOD", "1.5"))
 POLL_S = 0.05
 UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
 STEP_WAIT_S = 5.0
+FETCH_STATUS_S = 1.0  # how often the status says how long a built-in model's fetch has run
 CHARS_PER_TOKEN = 20  # a prompt longer than this many characters per allowed token is refused untokenized  # beyond the request time limit, how long a Step waits for the engine's answer
 
 
@@ -112,8 +114,22 @@ class LiveApp:
     def codec(self, name: str) -> Codec:
         try:
             return self.codecs.get(name)
-        except ValueError as exc:
+        except FetchError as exc:
+            raise gr.Error(f"The model could not be fetched: {exc}") from None
+        except (ValueError, OSError) as exc:  # an unknown model, missing files: its one sentence
             raise gr.Error(str(exc)) from None
+
+    def wait_for_fetch(self, name: str) -> Iterator[dict]:
+        """While a built-in model is fetched and converted (first use on this server), status updates saying so.
+        Other visitors' runs on other models go on meanwhile: the fetch runs in a process of its own."""
+        job = self.codecs.fetching(name)
+        if job is None:
+            return
+        yield {"status": job.message}
+        while not job.done.wait(FETCH_STATUS_S):
+            yield {"status": job.message}
+        if job.error is not None:
+            raise gr.Error(f"The model could not be fetched: {job.error}")
 
     def prompt_ids(self, codec: Codec, prompt: str, max_new_tokens: int, max_new_limit: int) -> list[int]:
         """The prompt's ids, refused with a message when it (with the new tokens) does not fit the limits.
@@ -149,6 +165,7 @@ class LiveApp:
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self, values: Mapping[str, Any], request: gr.Request = None) -> Iterator[dict]:
         """Streams both panes. Yields dicts keyed by output name (mapped to components by the layout)."""
+        yield from self.wait_for_fetch(self._controls(values).model)
         controls, codec, prompt_ids = self._checked(values)
         session = self.session(request)
         self.admit(session)

@@ -1,6 +1,7 @@
 """The models a server may load: an allowlist, never arbitrary paths typed by a user.
 
-Two views of each allowed model:
+A model is a local directory or the name of a built-in model (tokenswift/builtin.py), which is fetched and
+converted on first use (tokenswift/serve/fetches.py). Two views of each allowed model:
 - `Codec` (the web server): its tokenizer and the numbers the validator needs (maximum positions,
   vocabulary size), read from its files without loading any weight;
 - `ModelCache` (the engine process): the loaded `Generator`, weights included.
@@ -13,8 +14,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..builtin import BUILTIN_MODELS, is_builtin, resolve_model
 from ..codec import decode_ids, encode_text
 from ..validate import ModelLimits
+from .fetches import FetchJob, Fetches
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_NAME = "default: Austen & KJV, 16M (bundled)"
@@ -22,9 +25,12 @@ DEFAULT_MODEL_DIR = ROOT / "assets" / "default-model"
 
 
 def allowlist() -> dict[str, str]:
-    """Display name -> local directory. TOKENSWIFT_DEFAULT_MODEL replaces the bundled model's directory;
-    extra entries come from TOKENSWIFT_MODELS="name=path;name2=path2"."""
+    """Display name -> local directory or built-in model name. The bundled model comes first (the page's default;
+    TOKENSWIFT_DEFAULT_MODEL replaces its directory), then the built-in models; extra entries come from
+    TOKENSWIFT_MODELS="name=path;name2=smollm2-135m"."""
     models = {DEFAULT_MODEL_NAME: os.environ.get("TOKENSWIFT_DEFAULT_MODEL") or str(DEFAULT_MODEL_DIR)}
+    for model in BUILTIN_MODELS.values():
+        models[f"{model.title} (fetched on first use)"] = model.name
     for item in filter(None, (os.environ.get("TOKENSWIFT_MODELS") or "").split(";")):
         name, sep, path = item.partition("=")
         if sep and name.strip() and path.strip():
@@ -36,7 +42,7 @@ def _check_name(models: dict[str, str], name: str) -> str:
     if name not in models:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(models)}")
     path = models[name]
-    if not Path(path).exists():
+    if not is_builtin(path) and not Path(path).exists():
         raise ValueError(f"model files not found at {path}")
     return path
 
@@ -53,6 +59,7 @@ class Codec:
     def load(cls, name: str, path: str) -> "Codec":
         from transformers import AutoTokenizer
 
+        path = resolve_model(path)  # a built-in model: its folder (fetched on first use)
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
         tokenizer = AutoTokenizer.from_pretrained(path)
         positions = config.get("max_position_embeddings") or config.get("n_positions")
@@ -69,20 +76,35 @@ class Codec:
 
 
 class Codecs:
-    """The server's codecs, loaded once on first use."""
+    """The server's codecs, loaded once on first use (a built-in model's fetch first, outside the lock, so that
+    the other models' codecs stay available meanwhile)."""
 
-    def __init__(self, models: dict[str, str] | None = None) -> None:
+    def __init__(self, models: dict[str, str] | None = None, fetches: Fetches | None = None) -> None:
         self.models = models if models is not None else allowlist()
+        self.fetches = fetches or Fetches()
         self._loaded: dict[str, Codec] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
         return list(self.models)
 
+    def fetching(self, name: str) -> FetchJob | None:
+        """The fetch the model `name` waits for (started now if needed), or None: nothing to fetch."""
+        path = self.models.get(name)
+        if name in self._loaded or not is_builtin(path):
+            return None
+        return self.fetches.start(path)
+
     def get(self, name: str) -> Codec:
         with self._lock:
+            if name in self._loaded:
+                return self._loaded[name]
+        path = _check_name(self.models, name)
+        if is_builtin(path):
+            self.fetches.wait(path)
+        with self._lock:
             if name not in self._loaded:
-                self._loaded[name] = Codec.load(name, _check_name(self.models, name))
+                self._loaded[name] = Codec.load(name, path)
             return self._loaded[name]
 
 
@@ -110,7 +132,7 @@ def _load_warm(path: str):
     """Load a generator and warm it up (Generator.warm_up), so that the first Run's speed is its steady speed."""
     from tokenswift import Generator
 
-    gen = Generator.from_pretrained(path)
+    gen = Generator.from_pretrained(resolve_model(path))  # a built-in model is fetched on first use
     try:  # optional: a model the warm-up's short runs do not suit (a tiny context, say) still loads
         gen.warm_up()
     except Exception:
