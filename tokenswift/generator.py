@@ -70,9 +70,13 @@ class Generator:
         continuations (`datastore.safetensors`, see tokenswift.datastore).
 
         device: "cpu", "cuda", "cuda:1", or "auto" (accelerate's device_map). dtype: torch dtype or its
-        name ("bfloat16"); None keeps the checkpoint's. Never runs remote code."""
+        name ("bfloat16"); None keeps the checkpoint's. Never runs remote code. `path` may also name a built-in
+        model ("smollm2-135m", see tokenswift.builtin), fetched and converted on first use."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from .builtin import resolve_model
+
+        path = resolve_model(path)
         if isinstance(dtype, str):
             dtype = _parse_dtype(dtype)
         kwargs = dict(model_kwargs)
@@ -121,6 +125,8 @@ class Generator:
             heads = heads.to(device=self.adapter.head_device, dtype=self.adapter.dtype).eval()
         self._heads = heads
         lean = self.adapter.lean
+        if lean is not None:
+            lean.set_draft_vocab(None if heads is None else heads.draft_vocab)
         self._lean_heads = LeanHeads(heads, lean.compute_dtype) if heads is not None and lean is not None else None
         self._native_heads = native_layers.NativeHeads.build(self._lean_heads, lean.draft_head) if self._lean_heads else None
 
@@ -128,18 +134,21 @@ class Generator:
         """hidden (1, H) before the final norm -> per head (the first `levels`), its k most likely ids over the
         drafting vocabulary (`run_heads(..., draft_vocab=True)`) and their softmax probabilities, most likely first:
         in one native call where the kernels serve (tokenswift/native/layers.py NativeHeads), else through PyTorch."""
-        if self._native_heads is not None:
-            found = self._native_heads.top(hidden, levels, k)
-            if found is not None:
-                return found
-        logits = self.run_heads(hidden, levels, draft_vocab=True)[:, 0].float()  # (levels, V')
-        top = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
-        return top.indices.tolist(), top.values.tolist()
+        found = self._native_heads.top(hidden, levels, k) if self._native_heads is not None else None
+        if found is None:
+            logits = self.run_heads(hidden, levels, draft_vocab=True)[:, 0].float()  # (levels, V')
+            top = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+            found = (top.indices.tolist(), top.values.tolist())
+        lean = self.adapter.lean
+        ids = None if lean is None else lean.draft_ids
+        if ids is None:
+            return found
+        return [[ids[i] for i in row] for row in found[0]], found[1]  # drafting rows -> token ids
 
     def run_heads(self, hidden: torch.Tensor, levels: int, draft_vocab: bool = False) -> torch.Tensor:
         """hidden (T, H) before the final norm -> the first `levels` heads' LM-head logits, (levels, T, V).
-        draft_vocab: only over the lean step's drafting vocabulary, the first `LeanModel.draft_vocab` token
-        ids (V' <= V columns; on a CPU an 8x cheaper product for the default model)."""
+        draft_vocab: only over the lean step's drafting vocabulary (V' <= V columns, column j being token id
+        `LeanModel.draft_ids[j]`, or j where that is None; on a CPU an 8x cheaper product for the default model)."""
         if self._lean_heads is not None:
             out = self._lean_heads(hidden, levels)
         else:

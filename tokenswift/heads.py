@@ -19,6 +19,9 @@ from torch import nn
 
 OFFICIAL_PREFIX = "model.medusa_layers."
 PARTS = ("linear.weight", "input_layernorm.weight", "post_layernorm.weight")
+# Our own addition beside the official keys: the token ids the heads were trained to rank (their drafting
+# vocabulary, most frequent first; tokenswift.train.distill_heads). Absent: the engine's default.
+DRAFT_VOCAB_KEY = "tokenswift.draft_vocab"
 
 
 class HeadBlock(nn.Module):
@@ -40,6 +43,7 @@ class Heads(nn.Module):
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
         self.hidden_size = hidden_size
         self.layers = nn.ModuleList(HeadBlock(hidden_size, norm_factory) for _ in range(num_heads))
+        self.draft_vocab: torch.Tensor | None = None  # (V',) int64 token ids the heads rank, or None: the engine's
 
     @property
     def num_heads(self) -> int:
@@ -47,12 +51,18 @@ class Heads(nn.Module):
 
     @classmethod
     def init(cls, model: nn.Module, num_heads: int = 3) -> "Heads":
-        """Fresh (identity) heads for `model`, with the model family's own RMSNorm class, on the model's
-        embedding device and dtype."""
+        """Fresh heads for `model` that are the identity on its logits: W_i = 0 and each post norm is the model's
+        final norm (so head i's logits are the base LM head's until trained), with the model family's own RMSNorm
+        class, on the model's embedding device and dtype."""
         config = model.config
         norm_cls = type(model.model.norm)
         eps = getattr(config, "rms_norm_eps", 1e-6)
         heads = cls(config.hidden_size, num_heads, lambda: norm_cls(config.hidden_size, eps=eps))
+        final = model.model.norm.weight
+        if final.device.type != "meta":
+            with torch.no_grad():
+                for block in heads.layers:
+                    block.post_layernorm.weight.copy_(final.detach().float())
         ref = model.model.embed_tokens.weight
         device = ref.device if ref.device.type != "meta" else torch.device("cpu")
         return heads.to(device=device, dtype=ref.dtype)
@@ -93,7 +103,10 @@ class Heads(nn.Module):
         if path.suffix != ".safetensors":
             path = path / "heads.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(self.official_state_dict(), str(path), metadata={"medusa_heads": str(self.num_heads)})
+        tensors = self.official_state_dict()
+        if self.draft_vocab is not None:
+            tensors[DRAFT_VOCAB_KEY] = self.draft_vocab.to(torch.int64).contiguous().cpu()
+        save_file(tensors, str(path), metadata={"medusa_heads": str(self.num_heads)})
         return path
 
     @classmethod
@@ -106,6 +119,7 @@ class Heads(nn.Module):
         count = 1 + max(int(k[len(OFFICIAL_PREFIX):].split(".")[0]) for k in tensors)
         heads = cls.init(model, num_heads=count)
         heads.load_official_state_dict(tensors)
+        heads.draft_vocab = read_draft_vocab(source, model.lm_head.weight.shape[0])
         return heads
 
 
@@ -124,6 +138,19 @@ def _safetensors_files(source: Path) -> list[Path]:
         names = sorted({f for k, f in weight_map.items() if k.startswith(OFFICIAL_PREFIX)})
         return [source / n for n in names]
     return sorted(source.glob("*.safetensors"))
+
+
+def read_draft_vocab(source: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """The drafting vocabulary saved beside the heads (DRAFT_VOCAB_KEY), checked: distinct ids below vocab_size."""
+    source = Path(source)
+    for file in _safetensors_files(source) if source.exists() else []:
+        with safe_open(str(file), framework="pt") as f:
+            if DRAFT_VOCAB_KEY in f.keys():
+                ids = f.get_tensor(DRAFT_VOCAB_KEY).to(torch.int64).flatten()
+                if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
+                    raise ValueError(f"{file}: {DRAFT_VOCAB_KEY} must hold distinct token ids below {vocab_size}")
+                return ids
+    return None
 
 
 def read_head_tensors(source: str | Path) -> dict[str, torch.Tensor]:

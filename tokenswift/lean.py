@@ -25,6 +25,7 @@ between them stays fair. On CUDA the model's dtype is kept.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +114,24 @@ def eligible(model: nn.Module) -> bool:
     if len(devices) != 1 or next(iter(devices)).type == "meta":
         return False
     copy_bytes = sum(p.numel() for p in params) * 8  # float32 pre-transposed + packed
-    return copy_bytes <= MAX_COPY_BYTES
+    budget = copy_budget()
+    if copy_bytes > budget:
+        warnings.warn(f"the lean step needs about {copy_bytes / 2**30:.1f} GiB of weight copies and this machine has "
+                      f"{budget / 2**30:.1f} GiB to spare for them: running the model's own modules (slower)")
+        return False
+    return True
+
+
+def copy_budget() -> int:
+    """Bytes the lean step's weight copies may take: MAX_COPY_BYTES, or up to 60% of the memory available now
+    where that is more (a 1B-parameter model's copies take about 8 GiB)."""
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except Exception:  # no psutil: what the kernel reports as free
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return max(MAX_COPY_BYTES, int(0.6 * available))
 
 
 class LeanModel:
@@ -158,10 +176,10 @@ class LeanModel:
         # so the heads rank only the first DRAFT_VOCAB ids. Measured on the default model: the heads' top-3
         # hit rate on their own output unchanged (0.228 vs 0.232 for head 0), and a consult's LM-head product
         # 8x smaller (468 -> 22 us for 3 rows). Drafts only: every verified token still comes from the full head.
-        vocab = head.weight.shape[0]
-        self.draft_vocab = DRAFT_VOCAB if on_cpu and vocab > 2 * DRAFT_VOCAB else vocab
-        self.draft_head = self.head if self.draft_vocab == vocab else Matrix(
-            head.weight.detach()[: self.draft_vocab], None if head_b is None else head_b[: self.draft_vocab], cd)
+        # Heads trained with a drafting vocabulary of their own (measured coverage, most frequent first; see
+        # tokenswift.train.distill_heads) bring it: set_draft_vocab.
+        self._head_weight, self._head_bias, self._on_cpu = head.weight.detach(), head_b, on_cpu
+        self.set_draft_vocab(None)
         self.intermediate = self.layers[0].down.in_features
         # True when the matrices run through the native panel kernel: a few verified rows then cost little more than one
         self.native_rows = all(m.panels is not None for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
@@ -175,6 +193,26 @@ class LeanModel:
         self.native_stack = native_layers.NativeStack.build(self)
         self.native_elementwise = device.type == "cpu" and self.compute_dtype == torch.float32 and native_layers.available()
         self.native_silu = self.native_elementwise and all(native_layers.is_silu(layer.act) for layer in self.layers)
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """The token ids the heads rank when drafting: `ids` (distinct, in the order given), or None for the default
+        (the first DRAFT_VOCAB ids on a CPU when the vocabulary is much larger, else all). `draft_ids` maps a row
+        of `draft_head` back to its token id (None: row i is id i)."""
+        vocab = self._head_weight.shape[0]
+        bias = self._head_bias
+        if ids is None:
+            self.draft_ids = None
+            self.draft_vocab = DRAFT_VOCAB if self._on_cpu and vocab > 2 * DRAFT_VOCAB else vocab
+            rows = slice(0, self.draft_vocab)
+        else:
+            ids = ids.to(torch.int64).cpu()
+            self.draft_ids = ids.tolist()
+            self.draft_vocab = len(self.draft_ids)
+            rows = ids.to(self._head_weight.device)
+        if ids is None and self.draft_vocab == vocab:
+            self.draft_head = self.head
+        else:
+            self.draft_head = Matrix(self._head_weight[rows], None if bias is None else bias[rows], self.compute_dtype)
 
     def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
         dtype = self.compute_dtype

@@ -259,6 +259,14 @@ def add_train_heads_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="run directory: log, checkpoint, heads.safetensors")
     p.add_argument("--save-model", help="also write model + tokenizer + heads in the official layout here")
     p.add_argument("--device", default=None, help="cpu or cuda (default: where the model loads)")
+    p.add_argument("--selfgen", nargs="+", default=None,
+                   help="self-distillation from the model's own text: folders written by tokenswift.train.selfgen "
+                        "--save-ids (hidden states cached once, a drafting vocabulary by coverage; see "
+                        "tokenswift.train.distill_heads). Then --corpus / --text-file are not used")
+    p.add_argument("--coverage", type=float, default=0.95,
+                   help="with --selfgen: the drafting vocabulary covers this share of the text's tokens")
+    p.add_argument("--batch-positions", type=int, default=2048, help="with --selfgen: positions per step")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     for f in dataclasses.fields(HeadsTrainSettings):
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
@@ -269,6 +277,14 @@ def add_train_heads_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.selfgen:
+        from .distill_heads import DistillSettings, distill_heads
+
+        given = {f.name for f in dataclasses.fields(DistillSettings)}
+        steps = args.steps if args.steps != HeadsTrainSettings.steps else DistillSettings.steps
+        settings = DistillSettings(**{k: v for k, v in vars(args).items() if k in given and k != "steps"}, steps=steps)
+        distill_heads(args.model, args.selfgen, args.out, settings)
+        return 0
     names = {f.name for f in dataclasses.fields(HeadsTrainSettings)}
     settings = HeadsTrainSettings(**{k: v for k, v in vars(args).items() if k in names})
     train_heads(args.model, args.out, settings, args.corpus, args.text_file, args.save_model, args.device)

@@ -11,6 +11,9 @@ are random training-split windows (Austen-weighted); generation is batched HF `g
 the whole context rather than the engine's last-1024-token window, close enough for training data).
 --prompt-tokens-max > --prompt-tokens draws each batch's prompt length uniformly in that range.
 --save-ids also writes batchNNN.pt (prompt length and the full token rows) for exact evaluation.
+--prompts FILE draws prompts from FILE's paragraphs (blank-line separated; e.g. tokenswift/train/data/
+general_prompts.txt) instead of corpus windows; rows are then left-padded to the batch's longest prompt and
+batchNNN.pt records each row's padding ("left_pad").
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-batch", type=int, default=0, help="number of the first batch file (to extend a run)")
     p.add_argument("--save-ids", action="store_true", help="also save the token rows as batchNNN.pt")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--prompts", default=None, help="a text file of prompts (paragraphs) instead of corpus windows")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
+    if args.prompts:
+        return generate_from_prompts(args, tok, model)
     splits = load_corpus(args.corpus)
     austen = tok.encode("".join(splits[n].train for n in AUSTEN_SOURCES), add_special_tokens=False)
     kjv = tok.encode(splits["kjv"].train, add_special_tokens=False)
@@ -86,6 +92,41 @@ def main(argv: list[str] | None = None) -> int:
         texts = [tok.decode(row[plen:].tolist(), clean_up_tokenization_spaces=False) for row in gen]
         tmp = path.with_suffix(".tmp")
         tmp.write_text("\n".join(t_.replace("<|endoftext|>", "") for t_ in texts) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        tqdm.write(f"batch {b}: {args.batch_size * args.new_tokens / (time.time() - t):.0f} tok/s")
+    return 0
+
+
+def generate_from_prompts(args: argparse.Namespace, tok, model) -> int:
+    """Batches whose rows continue prompts drawn from a file's paragraphs (left-padded to the longest)."""
+    from tqdm import tqdm
+
+    paragraphs = [p.strip() for p in Path(args.prompts).read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    if not paragraphs:
+        raise SystemExit(f"no prompts in {args.prompts}")
+    encoded = [tok.encode(p, add_special_tokens=False) for p in paragraphs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pad_id = tok.eos_token_id if tok.eos_token_id is not None else 0
+    for b in tqdm(range(args.first_batch, args.first_batch + args.batches), desc=f"selfgen {args.mode} (prompts)"):
+        path = out / f"batch{b:03d}.txt"
+        rows = [encoded[random.randrange(len(encoded))] for _ in range(args.batch_size)]
+        if path.exists():
+            continue  # resume (the prompt draws above keep later batches reproducible)
+        width = max(len(r) for r in rows)
+        left_pad = torch.tensor([width - len(r) for r in rows])
+        ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+        mask = (torch.arange(width)[None] >= left_pad[:, None]).long()
+        t = time.time()
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=mask, **dict(MODES[args.mode]), max_new_tokens=args.new_tokens,
+                                 min_new_tokens=args.new_tokens, pad_token_id=pad_id)
+        if args.save_ids:
+            torch.save({"prompt_tokens": width, "ids": gen.clone(), "left_pad": left_pad, "mode": args.mode},
+                       path.with_suffix(".pt"))
+        texts = [tok.decode(row[width:].tolist(), clean_up_tokenization_spaces=False) for row in gen]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n".join(texts) + "\n", encoding="utf-8")
         tmp.replace(path)
         tqdm.write(f"batch {b}: {args.batch_size * args.new_tokens / (time.time() - t):.0f} tok/s")
     return 0
