@@ -78,7 +78,7 @@ class TrainSettings:
     beta2: float = _opt(0.95, "AdamW beta2")
     grad_clip: float = _opt(1.0, "gradient-norm clip")
     bf16: bool = _opt(True, "bf16 autocast (fp32 master weights)")
-    compile: bool = _opt(True, "torch.compile the transformer body for training (~25% faster on CPU)")
+    compile: bool = _opt(True, "torch.compile the transformer body for training (~25%% faster on CPU)")
     # Run control.
     minutes: float = _opt(70.0, "wall-clock budget in minutes (the LR schedule spans it)")
     max_steps: int = _opt(100000, "hard step limit (the LR schedule also ends here)")
