@@ -84,20 +84,32 @@ def test_weights_that_are_not_bfloat16_keep_float32_panels():
 
 
 @needs_bf16
-@pytest.mark.parametrize("n,k", [(32, 7), (640, 384), (384, 1024), (8192, 384)])
+@pytest.mark.parametrize("n,k", [(32, 7), (640, 384), (384, 1024), (8192, 384), (49152, 576)])  # SmolLM2's LM head
 def test_bfloat16_panels_give_the_float32_panels_products_bitwise(n, k):
-    """On AVX2 CPUs a bfloat16-exact weight is kept as bfloat16 panels (half the bytes) and widened in registers:
-    every product is bitwise what float32 panels of the same weight give, for every row count."""
+    """Where AMX does not serve, a bfloat16-exact weight is kept as bfloat16 panels (half the bytes) and widened in
+    registers (AVX-512 or AVX2): every product is bitwise what float32 panels of the same weight give, for every
+    row count, so a verified row is bitwise AR's."""
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
-    m = panels.PanelMatrix.build(w)
+    m = panels.PanelMatrix(w, bf16=True)
     assert m.kind == 2 and m.panels.element_size() == 2
     wide = panels.PanelMatrix(w.float())
     assert wide.kind == 0
     x = torch.randn(panels.MAX_ROWS, k, generator=gen) * torch.logspace(-3, 3, k)
     for rows in range(1, panels.MAX_ROWS + 1):
         assert torch.equal(m(x[:rows]), wide(x[:rows])), rows
+
+
+@needs_bf16
+def test_bfloat16_exact_weights_take_bfloat16_panels_where_amx_does_not_serve(monkeypatch):
+    """AMX tiles where they serve (kind 1); bfloat16 panels for the other bfloat16-exact weights and everywhere
+    without AMX (an AVX-512 CPU without AMX, an AVX2 CPU: kind 2); float32 panels for the rest (kind 0)."""
+    exact = torch.randn(64, 64).to(torch.bfloat16).float()
+    assert panels.PanelMatrix.build(exact).kind == (1 if panels.amx_available() else 2)
+    assert panels.PanelMatrix.build(torch.randn(64, 48).to(torch.bfloat16)).kind == 2  # k % 32: no AMX tiles
     assert panels.PanelMatrix.build(torch.randn(64, 64)).kind == 0  # not bfloat16-exact: float32 panels
+    monkeypatch.setattr(panels, "_amx_function", lambda: None)  # as on a CPU without AMX
+    assert panels.PanelMatrix.build(exact).kind == 2
 
 
 def test_bfloat16_panels_can_be_turned_off():
@@ -235,10 +247,12 @@ def test_greedy_tokenswift_equals_ar_through_the_native_kernels(settings):
 @needs_stack
 @pytest.mark.parametrize("kind", [pytest.param(1, marks=needs_amx, id="amx"),
                                   pytest.param(2, marks=needs_bf16, id="bf16-panels")])
-def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind):
-    """A bfloat16 checkpoint (as the default model is): its matrices go through AMX tiles (kind 1) or, on AVX2
-    CPUs, bfloat16 panels (kind 2) inside the native stack; greedy TokenSwift gives AR's tokens and sampled
-    TokenSwift AR's samples."""
+def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind, monkeypatch):
+    """A bfloat16 checkpoint (as the default model is): its matrices go through AMX tiles (kind 1) or, without AMX
+    (AVX-512 or AVX2 CPUs; here AMX is set aside for kind 2), bfloat16 panels (kind 2) inside the native stack;
+    greedy TokenSwift gives AR's tokens and sampled TokenSwift AR's samples."""
+    if kind == 2:
+        monkeypatch.setattr(panels, "_amx_function", lambda: None)
     model = head_dim_64_model("llama-gqa").to(torch.bfloat16)
     gen = ts.Generator(model, heads=random_heads(model))
     lean = gen.adapter.lean
@@ -249,6 +263,27 @@ def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind
         for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path
             result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
             assert result.token_ids == ar, (settings, tree)
+
+
+@needs_stack
+@needs_bf16
+def test_a_49152_row_lm_head_runs_on_bfloat16_panels(monkeypatch):
+    """SmolLM2-135M's shape where AMX does not serve (an AVX-512 CPU without AMX): the 49,152 x 576 LM head (tied
+    to the embeddings) and its drafting rows stay bfloat16 panels, and its logits are the float32 panels' bitwise."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(panels, "_amx_function", lambda: None)
+    torch.manual_seed(7)
+    cfg = tiny_config("llama-gqa", vocab=49152, hidden_size=576, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval().to(torch.bfloat16)
+    lean = ts.Generator(model).adapter.lean
+    assert lean.native_stack is not None and lean.layers[0].gate_up.panels.kind == 2
+    assert lean.head.panels.kind == 2 and lean.head.panels.panels.element_size() == 2
+    assert lean.draft_head.panels.kind == 2 and lean.draft_head.out_features < 49152
+    h = torch.randn(4, 576)
+    wide = panels.PanelMatrix(model.lm_head.weight.detach().float())
+    assert torch.equal(lean.head(h), wide(h))
 
 
 @needs_stack
@@ -345,6 +380,80 @@ def test_a_failing_compiler_leaves_the_pytorch_path(tmp_path):
     first, count = out.splitlines()
     assert first.startswith("False False |") and "could not build" in first
     assert count == "5"
+
+
+def test_a_source_that_does_not_build_is_not_compiled_again(tmp_path):
+    """A build failure (a source that #errors on this CPU) is remembered per machine and variant: a later process
+    does not run the compiler again for it, and gives the same reason."""
+    log = tmp_path / "calls"
+    compiler = tmp_path / "cc"
+    compiler.write_text(f"#!/bin/sh\necho called >> {log}\necho 'x.c:1:2: error: #error nope' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    code = "from tokenswift.native import build; print(build.load('panel_mm') is None, '|', build.why_not('panel_mm'))"
+    env = dict(CC=str(compiler), TOKENSWIFT_CACHE=str(tmp_path / "cache"), TOKENSWIFT_NATIVE="1")
+    first = run_isolated(code, TOKENSWIFT_ISA="native", **env)
+    second = run_isolated(code, TOKENSWIFT_ISA="native", **env)
+    assert first.startswith("True |") and "could not build panel_mm.c" in first and "#error nope" in first
+    assert second.startswith("True |") and "#error nope" in second and "remembered in" in second
+    assert log.read_text().count("called") == 1
+    run_isolated(code, TOKENSWIFT_ISA="avx2", **env)  # another variant: built (and failed) on its own
+    assert log.read_text().count("called") == 2
+
+
+def test_an_unknown_kernel_variant_is_refused():
+    done = subprocess.run([sys.executable, "-c", "from tokenswift.native import panels; panels.available()"],
+                          cwd=ROOT, env={**os.environ, "TOKENSWIFT_ISA": "avx9"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "TOKENSWIFT_ISA='avx9': expected one of native, avx2" in done.stderr
+
+
+@needs_panels
+def test_the_kernel_variant_is_described_in_one_line():
+    line = panels.describe()
+    assert "\n" not in line and line.startswith(f"native kernels: {panels.isa()} build (")
+    assert ("AMX on" in line) == panels.amx_available() and ("bf16 panels on" in line) == panels.bf16_available()
+
+
+# Variants of the kernels this CPU can run besides its native build: each reruns this file in a fresh process,
+# where the forced variant's libraries are built (cached apart from the native ones) and self-checked.
+VARIANT_ENV = "TOKENSWIFT_TEST_VARIANT"  # set in those processes: they do not start variants again
+FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512-without-amx": {"TOKENSWIFT_AMX": "0"}}
+
+
+def variant_unavailable(name: str) -> str:
+    """Why this host does not run the forced variant `name` ('' where it does)."""
+    flags = build.cpu_flags()
+    if os.environ.get(VARIANT_ENV):
+        return f"this process runs the forced {os.environ[VARIANT_ENV]} variant"
+    if os.environ.get(build.DISABLE_ENV, "1") == "0":
+        return f"native kernels off ({build.DISABLE_ENV}=0)"
+    if name == "avx2":
+        if not {"avx2", "fma"} <= flags:
+            return "this CPU has no AVX2 with FMA"
+        if "avx512f" not in flags or build.variant() == "avx2":
+            return "this run's kernels are the AVX2 build already"
+    if name == "avx512-without-amx":
+        if "avx512f" not in flags or build.variant() != "native":
+            return "this run's kernels are not the AVX-512 build"
+        if not panels.amx_available():
+            return "AMX is not in use in this run (no AMX, or TOKENSWIFT_AMX=0): it is that variant already"
+    return ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FORCED_VARIANTS))
+def test_the_kernel_tests_pass_for_each_variant_this_cpu_runs(name):
+    """On an AVX-512 CPU the AVX2 kernels (TOKENSWIFT_ISA=avx2) and the AVX-512 kernels without AMX (the bfloat16
+    panels an AMD EPYC with AVX-512 runs) pass this file's tests too, without skipping the bfloat16 panels."""
+    reason = variant_unavailable(name)
+    if reason:
+        pytest.skip(reason)
+    env = {**os.environ, **FORCED_VARIANTS[name], VARIANT_ENV: name}
+    done = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-x", "-q", "-p", "no:cacheprovider"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert not any("bfloat16 panel" in line or "native panel kernel" in line for line in skipped), skipped
 
 
 @needs_attention

@@ -563,7 +563,7 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
     return {
         "threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "cpu": cpu_model(), "cpus_online": os.cpu_count(),
+        "cpu": cpu_model(), "cpus_online": os.cpu_count(), "cpu_kind": _cpu_kind(), "kernels": _kernels(),
         "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
         "engine_compute": _engine_compute(gen),
         "datastore_contexts": len(gen.datastore) if gen.datastore is not None else 0,
@@ -575,6 +575,18 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
                    "new tokens / wall time of generate (prefill included); HF: wall only"),
         **args_like,
     }
+
+
+def _cpu_kind() -> str:
+    from .native import build
+
+    return build.cpu_kind()
+
+
+def _kernels() -> str:
+    from .native import panels
+
+    return panels.describe()
 
 
 def _engine_compute(gen) -> str:
@@ -598,13 +610,13 @@ def _engine_compute(gen) -> str:
         kinds = [f"{'/'.join(kinds)} arithmetic on bfloat16-exact"]  # AMX tiles over the checkpoint's bfloat16 weights
         native += " (AMX tiles over bfloat16 weights, float32 inputs split into exact bfloat16 parts)"
     elif lean.native_rows and lean.head.panels.kind == 2:
-        native += " (bfloat16 weight panels widened to float32 in AVX2 registers: float32 panels' products)"
+        native += " (bfloat16 weight panels widened to float32 in registers: float32 panels' products)"
     return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache, {native}"
 
 
 def print_conditions(c: dict) -> None:
     print(f"threads: {c['threads']} torch thread(s) (OMP_NUM_THREADS={c['OMP_NUM_THREADS']}); "
-          f"CPU: {c['cpu']} ({c['cpus_online']} online)")
+          f"CPU: {c['cpu']} ({c['cpus_online']} online), kind: {c.get('cpu_kind', '?')}; {c.get('kernels', '')}")
     print(f"torch {c['torch']}, transformers {c['transformers']}, python {c['python']}")
     print(f"model: {c['model']}: {c['model_params'] / 1e6:.1f}M params + heads {c['head_params'] / 1e6:.2f}M; "
           f"checkpoint {c['engine_dtype']}, our engine computes {c['engine_compute']}; "

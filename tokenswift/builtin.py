@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .datastore import FILENAME as DATASTORE_FILE
-from .native.build import _cache_dir as cache_root  # one rule for where tokenswift caches what it builds
+from .native.build import cache_dir as cache_root  # one rule for where tokenswift caches what it builds
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 WHEEL_DIR_ENV = "TOKENSWIFT_WHEEL_DIR"  # a folder holding the registry wheel already: no download

@@ -5,7 +5,8 @@
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
    2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
    products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c or panel_bf16.c, as each matrix
-   is laid out, and attend_rows.c), so the step computes the same function.
+   is laid out, and attend_rows.c), so the step computes the same function. Both builds of panel_mm.c (AVX-512
+   and AVX2) have the bfloat16 panels; AMX tiles only the AVX-512 build where the CPU has them.
 
    The element-wise parts are exported too (rms_norm_rows, silu_mul_rows): the PyTorch path calls them
    for every forward this function does not serve (prefill chunks, big trees), so a row's arithmetic is
@@ -15,16 +16,11 @@
 #include <time.h>
 #include "panel_mm.c"
 #include "attend_rows.c"
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)  /* not in the forced AVX2 build */
 #include "panel_amx.c"
 #define HAVE_AMX 1
 #else
 #define HAVE_AMX 0
-#endif
-#if !defined(__AVX512F__)
-#define HAVE_BF16_PANELS 1  /* panel_mm.c's AVX2 build has panel_bf16 too */
-#else
-#define HAVE_BF16_PANELS 0
 #endif
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for t rows of n floats (n a multiple of 16). */
@@ -84,7 +80,7 @@ typedef struct {
     const void *qkv, *o, *gate_up, *down;  /* (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
     const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
     int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm.c), 1 bfloat16 AMX tiles (panel_amx.c),
-                     2 bfloat16 panels widened on AVX2 (panel_bf16.c) */
+                     2 bfloat16 panels widened in registers (panel_bf16.c) */
 } layer_weights;
 
 static double now(void) {
@@ -101,12 +97,10 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
 #if HAVE_AMX
     if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n);
 #endif
-#if HAVE_BF16_PANELS
-    if (kind == 2) {
+    if (kind == 2) {  /* panel_mm.c has it in both its builds */
         panel_bf16(x, (const uint16_t *)w, y, t, k, n);
         code = 0;
     }
-#endif
     if (kind == 0) {
         panel_mm(x, (const float *)w, y, t, k, n);
         code = 0;

@@ -23,8 +23,8 @@
 #include <sys/syscall.h>
 #include <immintrin.h>
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
-#error "panel_amx needs AMX-TILE and AMX-BF16"
+#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__) || !defined(__AVX512F__)
+#error "panel_amx needs AMX-TILE, AMX-BF16 and AVX-512F (it splits the inputs with AVX-512)"
 #endif
 
 #define AMX_TOKENS 5       /* tokens per tile pass: 3 split rows each, 15 of the tile's 16 rows */

@@ -1,7 +1,7 @@
 """Few-row float32 matrix products through the native panel kernels, when they are available: `panel_amx.c`
 (Intel AMX tiles over bfloat16 weights, for weights that are exactly bfloat16, as the default model's are),
-`panel_bf16.c` (on AVX2 CPUs without AVX-512: bfloat16 panels widened in registers, for such weights) or
-`panel_mm.c` (float32 panels, AVX-512 or AVX2).
+`panel_bf16.c` (bfloat16 panels widened to float32 in registers, for such weights, on AVX-512 or AVX2 CPUs where
+AMX does not serve) or `panel_mm.c` (float32 panels, AVX-512 or AVX2). `describe()` names the variant in use.
 
 `PanelMatrix.build(weight)` returns None where the kernel cannot serve (no compiler, no AVX2, an
 output size that is not a multiple of 32, not float32 on CPU, or a self-check that disagrees with
@@ -43,8 +43,7 @@ def _amx_function():
 
 
 def _bf16_function():
-    """The AVX2 bfloat16-panel kernel, or None (an AVX-512 CPU, which keeps float32 panels or AMX; or
-    TOKENSWIFT_BF16_PANELS=0)."""
+    """The bfloat16-panel kernel, or None (no native kernels, or TOKENSWIFT_BF16_PANELS=0)."""
     if os.environ.get(BF16_ENV, "1") == "0":
         return None
     return build.function("panel_bf16", None, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _bf16_self_check,
@@ -67,12 +66,43 @@ def why_unavailable() -> str:
     return "" if available() else build.why_not("panel_mm")
 
 
+def isa() -> str | None:
+    """The instruction set the panel kernels were built for ("avx512" or "avx2"), or None without them."""
+    if not available():
+        return None
+    lib = build.load("panel_mm")
+    lib.panel_isa.restype = ctypes.c_char_p
+    return lib.panel_isa().decode()
+
+
+def describe() -> str:
+    """The native kernel variant this process runs, as one line for a benchmark's conditions, e.g.
+    "native kernels: avx512 build (-march=native), AMX on, bf16 panels on". AMX tiles serve the bfloat16-exact
+    matrices they fit; bf16 panels the other bfloat16-exact ones (all of them where AMX is off); float32 panels
+    the rest."""
+    if not available():
+        return f"native kernels: none ({why_unavailable()})"
+    chosen = build.variant()
+    switch = " ".join(("-march=native",) + build.VARIANTS[chosen])
+    how = switch if chosen == "native" else f"{build.ISA_ENV}={chosen}: {switch}"
+
+    def state(on: bool, env: str, otherwise: str) -> str:
+        if on:
+            return "on"
+        return f"off ({env}=0)" if os.environ.get(env, "1") == "0" else f"off ({otherwise})"
+
+    no_amx = "not in the avx2 build" if isa() == "avx2" else "not on this CPU"
+    return (f"native kernels: {isa()} build ({how}), AMX {state(amx_available(), AMX_ENV, no_amx)}, "
+            f"bf16 panels {state(bf16_available(), BF16_ENV, 'unavailable')}")
+
+
 class PanelMatrix:
     """W (N, K) laid out for a native kernel; `(x)` computes x @ W^T for x (T, K) float32 (T <= MAX_ROWS on panels).
 
     kind 0: N / 32 float32 panels of (K, 32) for panel_mm.c. kind 1: bfloat16 B tiles for panel_amx.c, where
     W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes). kind 2: the
-    panels of kind 0 in bfloat16 for panel_bf16.c, where W is exactly bfloat16 (bitwise kind 0's products)."""
+    panels of kind 0 in bfloat16 for panel_bf16.c, where W is exactly bfloat16 and AMX does not serve it (bitwise
+    kind 0's products, from half the bytes)."""
 
     WIDTH = 32
 
