@@ -13,6 +13,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import tokenswift as ts  # noqa: E402
+from tokenswift.serve.models import DEFAULT_MODEL_NAME  # noqa: E402
+
+# Tests use the bundled model (never a fetched one): the page opens on it even where SmolLM2 was fetched before.
+os.environ.setdefault("TOKENSWIFT_PAGE_MODEL", DEFAULT_MODEL_NAME)
 
 # Small ops dominate these tests: one thread avoids oversubscription when other work shares the cores.
 torch.set_num_threads(int(os.environ.get("TOKENSWIFT_TEST_THREADS", "1")))

@@ -21,7 +21,7 @@ def controls(**changes):
 
 @pytest.mark.parametrize("changes,message", [
     (dict(max_new=0), "Max new tokens"), (dict(max_new=1.5), "whole number"), (dict(top_p=0.0), "top_p"),
-    (dict(kv_budget=8), "kv_budget"), (dict(tree="7x"), "tree"), (dict(temperature=0.0), "Temperature 0 is greedy"),
+    (dict(kv_budget=8), "kv_budget"), (dict(tree="7x"), "tree"), (dict(greedy=False, temperature=0.0), "Temperature 0 is greedy"),
     (dict(window="lots"), "Penalty window must be a number"),
 ])
 def test_bad_controls_give_readable_messages(changes, message):

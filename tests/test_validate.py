@@ -193,7 +193,7 @@ def test_without_heads_any_bounded_tree_is_allowed():
 
 # ---- the UI's controls -------------------------------------------------------------------------------------------
 def controls(prompt="a prompt", **changes):
-    values = {**UI_DEFAULTS, **changes}
+    values = {**UI_DEFAULTS, "greedy": False, **changes}  # sampling, so that the temperature is read
     return [prompt, *(values[k] for k in CONTROL_ORDER), "model"]
 
 

@@ -6,12 +6,12 @@ from typing import Callable
 
 import gradio as gr
 
-from .controls import CONTROL_NAMES, EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES
+from .controls import CONTROL_NAMES, EXAMPLE_PROMPTS, MAX_NEW_TOKENS, TREE_CHOICES, page_model
 from .controls import UI_DEFAULTS as D
 from .api import api_generate, api_health
 from .live import LiveApp
 from .plots import REPEAT_MIN_TOKENS
-from .presets import PRESETS
+from .presets import PAPER_SAMPLING_NOTE, PRESETS
 from .render import SPEED_NOTE
 from .text import legend_html, palette_css, placeholder_html
 
@@ -66,10 +66,11 @@ def build_demo(app: LiveApp) -> gr.Blocks:
                     c["kv_budget"] = gr.Number(label="Partial KV budget (positions)", value=D["kv_budget"], precision=0)
                     c["draft"] = gr.Radio(["paper", "fused"], value=D["draft"], label="Drafting",
                                           info="paper: a draft forward over the partial cache (the paper); fused: the heads read the verification pass (no draft forward; faster on a CPU)")
-                c["model"] = gr.Dropdown(app.codecs.names(), value=app.codecs.names()[0], label="Model")
+                c["model"] = gr.Dropdown(app.codecs.names(), value=page_model(app.codecs.models), label="Model")
                 with gr.Accordion("Case studies", open=True):
-                    gr.Markdown("Set the controls for a comparison, then press **Run**: same prompt, seed and "
-                                "sampling, only the contextual penalty differs.")
+                    gr.Markdown("Set the controls for a comparison, then press **Run**. The two repetition cases: "
+                                "same prompt, seed and sampling, only the contextual penalty differs. "
+                                + PAPER_SAMPLING_NOTE)
                     preset_buttons = {name: gr.Button(name, size="sm", elem_classes=["preset"]) for name in PRESETS}
             with gr.Column(scale=3):
                 c["summary"] = gr.Markdown("", elem_id="summary")

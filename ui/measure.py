@@ -26,7 +26,7 @@ from ui.app_server import AppServer  # noqa: E402
 from tokenswift import Generator  # noqa: E402
 from tokenswift.kinds import Method  # noqa: E402
 from tokenswift.bench import child_pids, proportional_mb, resident_mb  # noqa: E402
-from ui.controls import EXAMPLE_PROMPTS, default_controls  # noqa: E402
+from ui.controls import EXAMPLE_PROMPTS, default_controls, page_model  # noqa: E402
 from tokenswift.serve.models import ModelCache  # noqa: E402
 from tokenswift.serve.runner import RunRequest, interleave  # noqa: E402
 from tokenswift.serve.torch_thread import TORCH  # noqa: E402
@@ -66,7 +66,7 @@ def browser_mb() -> dict[str, float]:
 
 def ui_defaults(tokens: int):
     """The controls as the page starts (the layout's defaults), with the given token count."""
-    return default_controls(next(iter(EXAMPLE_PROMPTS.values())), ModelCache().names()[0], max_new=tokens)
+    return default_controls(next(iter(EXAMPLE_PROMPTS.values())), page_model(ModelCache().models), max_new=tokens)
 
 
 def headless(tokens: int) -> dict:

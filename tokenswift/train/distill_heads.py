@@ -54,7 +54,7 @@ class Row:
     ids: torch.Tensor  # (T,) prompt and continuation, no padding
     start: int  # index of the first generated token
     mode: str
-    source: str
+    source: str  # the batch file it came from, "<folder>/<file>"
 
 
 def load_rows(dirs: list[str]) -> list[Row]:
@@ -70,7 +70,8 @@ def load_rows(dirs: list[str]) -> list[Row]:
             pads = saved.get("left_pad")
             for r, ids in enumerate(saved["ids"]):
                 pad = int(pads[r]) if pads is not None else 0
-                rows.append(Row(ids[pad:].clone(), width - pad, str(saved.get("mode", "?")), str(file.parent.name)))
+                rows.append(Row(ids[pad:].clone(), width - pad, str(saved.get("mode", "?")),
+                                f"{file.parent.name}/{file.stem}"))
     return rows
 
 
@@ -120,15 +121,48 @@ def compute_features(model, rows: list[Row], num_heads: int, progress=None) -> F
     return Features(torch.cat(hidden), torch.cat(labels), torch.cat(owner))
 
 
-def drafting_vocabulary(labels: torch.Tensor, vocab_size: int, s: DistillSettings) -> tuple[torch.Tensor, dict]:
-    """The most frequent ids of the training text, as few as cover `s.coverage` of its tokens (a multiple of
-    `s.vocab_multiple`, at most `s.max_vocab`); ids by decreasing count. Also the coverage of a few sizes."""
+def cached_features(model, rows: list[Row], num_heads: int, folder: Path) -> Features:
+    """compute_features per batch file, each cached in `folder` (a run that adds batch files computes only theirs)."""
+    from tqdm import tqdm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    by_source: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_source.setdefault(r.source, []).append(i)
+    parts = []
+    bar = tqdm(total=len(rows), desc="hidden states (cached per batch file)")
+    for source, members in by_source.items():
+        path = folder / (source.replace("/", "--") + f"-{num_heads}.pt")
+        if path.exists():
+            saved = torch.load(path, weights_only=True)
+            part = Features(saved["hidden"], saved["labels"], saved["row"])
+        else:
+            part = compute_features(model, [rows[i] for i in members], num_heads)
+            torch.save({"hidden": part.hidden, "labels": part.labels, "row": part.row}, path)
+        part.row = torch.tensor(members)[part.row]  # local row numbers -> indices into `rows`
+        parts.append(part)
+        bar.update(len(members))
+    bar.close()
+    return Features(torch.cat([p.hidden for p in parts]), torch.cat([p.labels for p in parts]),
+                    torch.cat([p.row for p in parts]))
+
+
+def drafting_vocabulary(labels: torch.Tensor, vocab_size: int, s: DistillSettings,
+                        held_out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """The training text's ids by decreasing count, as few as cover `s.coverage` of the held-out text's tokens
+    (of the training text's where none is given; a multiple of `s.vocab_multiple`, at most `s.max_vocab`), and
+    the held-out coverage of a few sizes. Coverage is measured on held-out text: on the text it was counted on,
+    every id that occurred is covered, which flatters small vocabularies."""
     counts = torch.bincount(labels[:, 0][labels[:, 0] >= 0], minlength=vocab_size).double()
     order = torch.argsort(counts, descending=True, stable=True)
-    cumulative = torch.cumsum(counts[order], 0) / counts.sum()
-    needed = int(torch.searchsorted(cumulative, torch.tensor(s.coverage, dtype=torch.float64))) + 1
+    check = labels if held_out is None else held_out
+    check = check[:, 0][check[:, 0] >= 0]
+    rank = torch.empty(vocab_size, dtype=torch.long)
+    rank[order] = torch.arange(vocab_size)
+    covered = torch.bincount(rank[check], minlength=vocab_size).cumsum(0).double() / max(1, check.numel())
+    needed = int(torch.searchsorted(covered, torch.tensor(s.coverage, dtype=torch.float64))) + 1
     size = min(s.max_vocab, vocab_size, s.vocab_multiple * math.ceil(needed / s.vocab_multiple))
-    table = {n: float(cumulative[min(n, vocab_size) - 1]) for n in (1024, 2048, 4096, 8192, 16384, size)}
+    table = {n: float(covered[min(n, vocab_size) - 1]) for n in (1024, 2048, 4096, 8192, 16384, size)}
     return order[:size].clone(), table
 
 
@@ -192,16 +226,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
     model = AutoModelForCausalLM.from_pretrained(resolve_model(model_dir), dtype=torch.bfloat16).eval()
     model.requires_grad_(False)
     rows = load_rows(selfgen_dirs)
-    cache = out / "features.pt"
-    if cache.exists():
-        saved = torch.load(cache, weights_only=True)
-        feats = Features(saved["hidden"], saved["labels"], saved["row"])
-        print(f"hidden states read from {cache}")
-    else:
-        bar = tqdm(total=len(rows), desc="hidden states (once)")
-        feats = compute_features(model, rows, s.num_heads, progress=bar.update)
-        bar.close()
-        torch.save({"hidden": feats.hidden, "labels": feats.labels, "row": feats.row}, cache)
+    feats = cached_features(model, rows, s.num_heads, out / "features")
     t_features = time.time() - t_start
     print(f"hidden states: {feats.hidden.shape[0]:,} positions from {len(rows)} rows in {t_features / 60:.1f} min")
 
@@ -209,8 +234,8 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
     train_idx = torch.nonzero(~held_out).squeeze(1)
     val_idx = torch.nonzero(held_out).squeeze(1)
     vocab_size = model.lm_head.weight.shape[0]
-    vocab, table = drafting_vocabulary(feats.labels[train_idx], vocab_size, s)
-    print("drafting vocabulary coverage of the training text: "
+    vocab, table = drafting_vocabulary(feats.labels[train_idx], vocab_size, s, feats.labels[val_idx])
+    print("drafting vocabulary, share of the held-out text's tokens it covers: "
           + ", ".join(f"{n:,} ids {c:.3f}" for n, c in table.items()) + f" -> {vocab.numel():,} ids")
     to_local = torch.full((vocab_size,), -1, dtype=torch.long)
     to_local[vocab] = torch.arange(vocab.numel())
@@ -257,7 +282,8 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
         log.flush()
     bar.close()
     t_train = time.time() - t_train
-    heads.eval()
+    heads = heads.to(torch.bfloat16).float().eval()  # shipped in bfloat16 (half the bytes; the engine's panels read
+    # bfloat16-exact weights at bfloat16's cost): evaluate the rounded weights
     card = {"model": model_dir, "positions": int(feats.hidden.shape[0]), "rows": len(rows),
             "draft_vocab": int(vocab.numel()), "coverage": table, "steps": step,
             "minutes": {"hidden_states": t_features / 60, "training": t_train / 60}}
@@ -267,7 +293,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
         mask = held_out & torch.isin(feats.row, members)
         card["held_out"][mode] = evaluate(heads, lm_rows, feats, torch.nonzero(mask).squeeze(1), to_local, vocab)
     heads.draft_vocab = vocab
-    path = heads.save(out / "heads.safetensors")
+    path = heads.to(torch.bfloat16).save(out / "heads.safetensors")
     total = time.time() - t_start
     card["minutes"]["total"] = total / 60
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
