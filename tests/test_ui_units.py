@@ -137,3 +137,19 @@ def test_iteration_breakdown_splits_plain_and_drafted_iterations():
     assert drafted["draft_steps"] == 0.25 and drafted["verify_steps"] == 1.25 and drafted["total_steps"] == 1.75
     assert drafted["tokens_per_step"] == round(1.5 / 1.75, 3)
     assert iteration_breakdown(steps[:3], 0.004).keys() == {"plain"}
+
+
+def test_the_page_opens_on_a_fetched_real_model_else_on_the_bundled_one(monkeypatch):
+    import tokenswift.builtin as builtin
+    from ui.controls import PAGE_MODEL_ENV, page_model
+
+    models = {"bundled": "/models/bundled", "SmolLM2": "smollm2-135m", "mine": "/models/mine"}
+    monkeypatch.delenv(PAGE_MODEL_ENV, raising=False)
+    monkeypatch.setattr(builtin, "is_fetched", lambda name: False)
+    assert page_model(models) == "bundled"  # nothing to fetch before the page can run: it works offline
+    monkeypatch.setattr(builtin, "is_fetched", lambda name: name == "smollm2-135m")
+    assert page_model(models) == "SmolLM2"
+    monkeypatch.setenv(PAGE_MODEL_ENV, "mine")
+    assert page_model(models) == "mine"
+    monkeypatch.setenv(PAGE_MODEL_ENV, "not in the menu")
+    assert page_model(models) == "SmolLM2"
