@@ -13,11 +13,12 @@ from tokenswift.bench import peak_mb, resident_mb
 from tokenswift.kinds import Method
 from tokenswift.serve.detok import IncrementalText
 from tokenswift.serve.runner import RunRequest
-from tokenswift.validate import validate_seed
+from tokenswift.validate import InvalidRequest, shown, validate_seed, whole_number
 
 from .live import POLL_S, LiveApp
 
 UPDATE_PERIOD_S = 0.25  # at most this often a streamed update (each holds only the text that is new)
+QUIET_S = 5.0  # while waiting (queue, prefill), an update at least this often: the client shows it still reads
 
 
 def api_generate(app: LiveApp) -> Callable:
@@ -34,15 +35,19 @@ def api_generate(app: LiveApp) -> Callable:
         session = app.session(request)
         if session.runner is not None and session.runner.alive:
             raise gr.Error("This session already has a generation running: wait for it to end (one at a time per client).")
-        app.admit()
-        runner = app.engine.runner(name, RunRequest(ids, settings, n, seed, methods=(chosen,)), app.limits.request_timeout_s)
+        app.admit(cost=(codec, len(ids), n, settings, (chosen,)), client=app.client(request))
+        runner = app.engine.runner(name, RunRequest(ids, settings, n, seed, methods=(chosen,)), app.limits.request_timeout_s,
+                                   app.client(request))
         session.runner = runner.start()
+        began = time.monotonic()
         text = IncrementalText(codec.decode)
         new: list[int] = []
         stats: dict = {}
-        last_sent, last_ahead = 0.0, -1
+        last_sent, last_ahead = time.monotonic(), -1
         try:
             while True:
+                if not app.watched(request, began):
+                    return  # nobody reads this stream: the engine's time goes to others (finally: stop)
                 steps, finished = runner.poll()
                 for step in steps:
                     new.extend(step.token_ids)
@@ -53,14 +58,15 @@ def api_generate(app: LiveApp) -> Callable:
                         raise gr.Error(f"The generation failed: {finished.error}")
                     delta = text.add(new[len(text.ids):]) + text.finish()
                     yield json.dumps({"delta": delta, "new_tokens": len(new), "done": True, "stats": stats,
-                                      "stopped": finished.stopped, "timed_out": finished.timed_out,
+                                      "stopped": finished.stopped or finished.preempted,
+                                      "timed_out": finished.timed_out, "preempted": finished.preempted,
                                       "text": codec.decode(new)})
                     return
                 now = time.monotonic()
                 if not new:
                     ahead = runner.ahead
-                    if ahead != last_ahead and ahead:
-                        last_ahead = ahead
+                    if (ahead != last_ahead and ahead) or now - last_sent >= QUIET_S:
+                        last_ahead, last_sent = ahead, now
                         yield json.dumps({"queued": ahead, "new_tokens": 0, "done": False})
                 elif now - last_sent >= UPDATE_PERIOD_S and len(new) > len(text.ids):
                     last_sent = now
@@ -76,15 +82,15 @@ def _checked(app: LiveApp, prompt, max_new_tokens, method, settings_json, seed, 
     """Every argument checked before anything runs; each refusal is one sentence."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise gr.Error("prompt must be a non-empty string")
-    if method not in tuple(Method):
-        raise gr.Error("method must be 'ar' or 'tokenswift'")
+    if not isinstance(method, str) or method not in tuple(Method):
+        raise gr.Error(f"method must be 'ar' or 'tokenswift'; got {shown(method)}")
     limit = app.limits.max_new_tokens_api
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, float)) \
-            or max_new_tokens != int(max_new_tokens) or not 1 <= max_new_tokens <= limit:
-        raise gr.Error(f"max_new_tokens must be a whole number from 1 to {limit:,}")
-    try:
+    if isinstance(max_new_tokens, str):  # raw HTTP may send "NaN" or "inf" as text: a number is required
+        raise gr.Error(f"max_new_tokens must be a whole number from 1 to {limit:,}; got {shown(max_new_tokens)}")
+    try:  # NaN and infinities (raw HTTP carries them as JSON constants) are refused here too
+        max_new_tokens = whole_number(max_new_tokens, "max_new_tokens", 1, limit)
         seed = validate_seed(seed)
-    except ValueError as exc:
+    except InvalidRequest as exc:
         raise gr.Error(str(exc)) from None
     if not isinstance(settings_json, str) or len(settings_json) > 10_000:
         raise gr.Error("settings_json must be a JSON object of tokenswift.Settings fields (at most 10,000 characters)")
@@ -96,7 +102,7 @@ def _checked(app: LiveApp, prompt, max_new_tokens, method, settings_json, seed, 
     except (ValueError, TypeError, RecursionError) as exc:
         raise gr.Error(f"invalid settings: {exc}") from None
     if not isinstance(model, str):
-        raise gr.Error("model must be a string (empty: the default model)")
+        raise gr.Error(f"model must be a string (empty: the default model); got {shown(model)}")
     name = model or app.codecs.names()[0]
     return settings, int(max_new_tokens), Method(method), name, int(seed)
 
@@ -105,7 +111,7 @@ def _stats(method: str, step, new_tokens: int) -> dict:
     iterations, compute = step.index + 1, step.elapsed_s
     return {"method": method, "iterations": iterations, "new_tokens": new_tokens,
             "mean_accepted": new_tokens / iterations, "compute_s": compute,
-            "tokens_per_s": new_tokens / compute if compute else 0.0}
+            "tokens_per_s": new_tokens / compute if compute > 0 else 0.0}
 
 
 def api_health(app: LiveApp) -> Callable:
@@ -119,7 +125,8 @@ def api_health(app: LiveApp) -> Callable:
             "server_rss_mb": _mb(resident_mb, "self"), "server_peak_mb": _mb(peak_mb, "self"),
             "engine_rss_mb": _mb(resident_mb, engine_pid), "engine_peak_mb": _mb(peak_mb, engine_pid),
             "engine_threads": sum(t.name.startswith("tokenswift-engine") for t in threading.enumerate()),
-            "sessions": len(app.sessions)})
+            "sessions": len(app.sessions), "sessions_kept_mb": round(app.kept_bytes() / 2**20, 1),
+            "upload_dir_mb": round(app.uploads.used() / 2**20, 1) if app.uploads is not None else None})
     return health
 
 

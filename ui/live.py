@@ -7,7 +7,7 @@ mistake into a `gr.Error` message and never let an exception take the server dow
 """
 from __future__ import annotations
 
-import os
+import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,9 +17,12 @@ import gradio as gr
 
 from tokenswift import Settings
 from tokenswift.builtin import FetchError
+from tokenswift.kinds import Method
+from tokenswift.serve.cost import engine_seconds
 from tokenswift.serve.engine_process import EngineProcess, ProcessRunner
 from tokenswift.serve.export import load_trace_file, write_trace_file
-from tokenswift.serve.limits import Limits
+from tokenswift.serve.http_guard import StreamWatch, UploadFolder
+from tokenswift.serve.limits import PLOT_PERIOD, Limits
 from tokenswift.serve.models import Codec, Codecs
 from tokenswift.serve.runner import Finished, RunRequest
 from tokenswift.serve.trace import RunTrace
@@ -29,13 +32,14 @@ from . import render
 from .controls import RunControls, parse_named
 
 TEXT_PERIOD_S = 0.5  # text and stats refresh
-# plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it
-PLOT_PERIOD_S = float(os.environ.get("TOKENSWIFT_PLOT_PERIOD", "1.5"))
+# plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it (app.py)
+PLOT_PERIOD_S = PLOT_PERIOD[1]
 POLL_S = 0.05
 UI_SHARE = 0.04  # rendering may take at most this share of the time: updates slow down as the run grows
-STEP_WAIT_S = 5.0
+STEP_WAIT_S = 5.0  # beyond the request time limit, how long a Step waits for the engine's answer
 FETCH_STATUS_S = 1.0  # how often the status says how long a built-in model's fetch has run
-CHARS_PER_TOKEN = 20  # a prompt longer than this many characters per allowed token is refused untokenized  # beyond the request time limit, how long a Step waits for the engine's answer
+CHARS_PER_TOKEN = 20  # a prompt longer than this many characters per allowed token is refused untokenized
+SESSION_KEY_CHARS = 64  # longer session ids are kept as a digest (an id is client-chosen text)
 
 
 @dataclass
@@ -47,12 +51,24 @@ class Session:
     step_key: RunRequest | None = None  # the classroom run the engine holds for this session
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def kept_bytes(self) -> int:
+        return self.trace.approx_bytes() if self.trace is not None else 0
+
+
+class Unwatched(Exception):
+    """The client has read none of its stream for `Limits.unwatched_s`: its job was stopped."""
+
 
 class LiveApp:
-    def __init__(self, codecs: Codecs, engine: EngineProcess | None, limits: Limits | None = None) -> None:
+    def __init__(self, codecs: Codecs, engine: EngineProcess | None, limits: Limits | None = None,
+                 watch: StreamWatch | None = None, uploads: UploadFolder | None = None,
+                 plot_period_s: float = PLOT_PERIOD_S) -> None:
         self.codecs = codecs
         self.engine = engine
         self.limits = limits or Limits()
+        self.watch = watch  # None: every client counts as watching (no HTTP layer, e.g. in tests)
+        self.uploads = uploads
+        self.plot_period_s = plot_period_s
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -64,7 +80,24 @@ class LiveApp:
     # ---- sessions ---------------------------------------------------------------------------------------
     @staticmethod
     def key(request: gr.Request | None) -> str:
-        return getattr(request, "session_hash", None) or "anonymous"
+        """The session's key: its id, or a digest of an id longer than SESSION_KEY_CHARS."""
+        key = getattr(request, "session_hash", None) or "anonymous"
+        if not isinstance(key, str):
+            key = str(key)[:SESSION_KEY_CHARS]
+        if len(key) > SESSION_KEY_CHARS:
+            key = "long:" + hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()
+        return key
+
+    @staticmethod
+    def client(request: gr.Request | None) -> str:
+        """Whose engine time a job spends: the visitor's address. Behind a proxy (a Space) the last
+        X-Forwarded-For entry, which that proxy appended; else the socket's peer."""
+        headers = getattr(request, "headers", None) or {}
+        forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
+        if forwarded:
+            return forwarded.split(",")[-1].strip()[:64]
+        peer = getattr(request, "client", None)
+        return str(getattr(peer, "host", "") or "local")[:64]
 
     def session(self, request: gr.Request | None) -> Session:
         key = self.key(request)
@@ -76,15 +109,30 @@ class LiveApp:
 
     def _evict_idle(self) -> None:
         """Clients that never close their session (API scripts, crashed tabs) must not pile up traces: past
-        `max_sessions`, the least recently used sessions without a running job are dropped."""
+        `max_sessions`, or past `sessions_mb` of kept runs, the least recently used sessions without a
+        running job are dropped (the newest one, in use now, is kept)."""
         excess = len(self.sessions) - self.limits.max_sessions
-        for key in list(self.sessions):
-            if excess <= 0:
+        kept = {key: s.kept_bytes() for key, s in self.sessions.items()}
+        over = sum(kept.values()) - self.limits.sessions_bytes
+        for key in list(self.sessions)[:-1]:
+            if excess <= 0 and over <= 0:
                 break
             runner = self.sessions[key].runner
             if runner is None or not runner.alive:
                 del self.sessions[key]
                 excess -= 1
+                over -= kept[key]
+
+    def kept_bytes(self) -> int:
+        """The server memory the sessions' runs keep (estimated)."""
+        with self._lock:
+            return sum(s.kept_bytes() for s in self.sessions.values())
+
+    def watched(self, request: gr.Request | None, since: float) -> bool:
+        """Whether the client has read its stream lately (within `unwatched_s`, counted from `since`)."""
+        if self.watch is None:
+            return True
+        return self.watch.idle_s(getattr(request, "session_hash", "") or "", since) < self.limits.unwatched_s
 
     def close_session(self, request: gr.Request) -> None:
         key = self.key(request)
@@ -152,15 +200,26 @@ class LiveApp:
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
 
-    def admit(self, session: Session | None = None) -> None:
-        """Refuse a job with a clear message when the engine's queue is full (the session's own running job
-        does not count: a new Run replaces it)."""
+    def admit(self, session: Session | None = None, cost: tuple[Codec, int, int, Settings, tuple] | None = None,
+              client: str = "") -> None:
+        """Refuse a job with a clear message when its expected engine time is over the budget, or when the
+        engine's queue is full (the session's own running job does not count: a new Run replaces it) and no
+        client holds two places more than this one (else the newest waiting job of the client holding most
+        gives its place up). cost: (codec, prompt tokens, new tokens, settings, methods) of the request."""
         if self.engine is None:
             raise gr.Error("This server has no engine process.")
+        if cost is not None:
+            codec, prompt_tokens, new_tokens, settings, methods = cost
+            seconds = engine_seconds(prompt_tokens, new_tokens, settings, methods, codec.parameters or 1)
+            if seconds > self.limits.max_request_engine_s:
+                raise gr.Error(f"This request would take about {seconds / 60:,.0f} minutes of the engine (prompt "
+                               f"{prompt_tokens:,} tokens, {new_tokens:,} new, its tree and n-gram rows); at most "
+                               f"{self.limits.max_request_engine_s / 60:,.0f} are allowed here: ask for fewer tokens, "
+                               f"a narrower tree or fewer n-grams.")
         own = 1 if session is not None and session.runner is not None and session.runner.alive else 0
-        if self.engine.pending - own >= self.limits.queue_size:
+        if self.engine.pending - own >= self.limits.queue_size and not self.engine.make_room(client):
             raise gr.Error(f"The server is busy: {self.engine.pending} runs are queued or running (at most "
-                       f"{self.limits.queue_size}). Please try again in a minute.")
+                           f"{self.limits.queue_size}); please try again in a minute.")
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self, values: Mapping[str, Any], request: gr.Request = None) -> Iterator[dict]:
@@ -168,22 +227,26 @@ class LiveApp:
         yield from self.wait_for_fetch(self._controls(values).model)
         controls, codec, prompt_ids = self._checked(values)
         session = self.session(request)
-        self.admit(session)
+        self.admit(session, (codec, len(prompt_ids), controls.max_new_tokens, controls.settings, tuple(Method)),
+                   self.client(request))
         if session.runner is not None:
             session.runner.stop()
         self.engine.forget(self.key(request))  # a Step after this Run starts a new classroom run
         trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
         run_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
-        runner = self.engine.runner(controls.model, run_request, self.limits.request_timeout_s)
+        runner = self.engine.runner(controls.model, run_request, self.limits.request_timeout_s, self.client(request))
         session.runner, session.trace, session.model = runner, trace, controls.model
         session.greedy, session.step_key = controls.settings.greedy, None
         runner.start()
         decode, decode_one = codec.decode, codec.decode_one
         next_text = next_plot = 0.0
         started = False
+        began = time.monotonic()
         try:
             yield {"status": "Prefilling the prompt…"}
             while True:
+                if not self.watched(request, began):
+                    return  # nobody reads this stream: the engine's time goes to others (finally: stop)
                 steps, finished = runner.poll()
                 for step in steps:
                     trace.add(step)
@@ -202,7 +265,7 @@ class LiveApp:
                 elif now >= next_plot:
                     update = render.full_update(trace, decode, decode_one, session.greedy, running_status(trace))
                     cost = time.monotonic() - now
-                    next_plot = now + max(PLOT_PERIOD_S, cost / UI_SHARE)
+                    next_plot = now + max(self.plot_period_s, cost / UI_SHARE)
                     next_text = now + max(TEXT_PERIOD_S, cost / UI_SHARE / 3)
                     yield update
                 elif now >= next_text:
@@ -226,18 +289,24 @@ class LiveApp:
         session = self.session(request)
         step_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
         with session.lock:
-            self.admit(session)
+            self.admit(session, client=self.client(request))
             if session.runner is not None:
                 session.runner.stop()  # a Step during a Run ends the Run: the page now shows the classroom run
             if session.step_key != step_request or session.trace is None:
                 session.trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
                 session.model, session.greedy = controls.model, controls.settings.greedy
                 session.step_key = step_request
-            runner = self.engine.stepper(self.key(request), controls.model, step_request, self.limits.request_timeout_s)
+            runner = self.engine.stepper(self.key(request), controls.model, step_request, self.limits.request_timeout_s,
+                                         self.client(request))
             session.runner = runner.start()
-            if not runner.join(self.limits.request_timeout_s + STEP_WAIT_S):
-                runner.stop()
-                raise gr.Error("The engine did not answer in time; try again.")
+            began = time.monotonic()
+            while not runner.join(min(1.0, self.limits.request_timeout_s)):
+                if time.monotonic() - began > self.limits.request_timeout_s + STEP_WAIT_S:
+                    runner.stop()
+                    raise gr.Error("The engine did not answer in time; try again.")
+                if not self.watched(request, began):
+                    runner.stop()
+                    raise gr.Error("Stopped: this page stopped reading the server's answers.")
             trace = session.trace
             steps, finished = runner.poll()  # the job has ended: its Finished is there
             for step in steps:
@@ -245,6 +314,9 @@ class LiveApp:
             if finished.error:
                 session.step_key = None
                 raise gr.Error(f"The step failed: {finished.error}")
+            if finished.preempted:
+                session.step_key = None
+                raise gr.Error("The step was stopped because other visitors were waiting for the engine; please try again.")
             if not steps:
                 session.step_key = None
                 return {"step_caption": "The run reached its token limit: press Step again to start over.",
@@ -269,10 +341,17 @@ class LiveApp:
         def vocab_size(model: str) -> int:
             return self.codec(model if model in names else names[0]).limits.vocab_size
 
+        def positions(model: str) -> int:
+            return self.codec(model if model in names else names[0]).limits.max_positions
+
         try:  # size, schema and ranges checked before anything is built; the session is replaced only after
-            trace, data = load_trace_file(path, max_bytes=self.limits.max_upload_bytes, vocab_size=vocab_size)
+            trace, data = load_trace_file(path, max_bytes=self.limits.max_upload_bytes, vocab_size=vocab_size,
+                                          positions=positions, max_kept_bytes=self.limits.session_bytes)
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
+        finally:  # the upload has served its purpose (it is read once)
+            if self.uploads is not None:
+                self.uploads.discard(path)
         model = data.get("model", "")
         model = model if model in names else names[0]
         codec = self.codec(model)
@@ -302,6 +381,9 @@ def running_status(trace: RunTrace) -> str:
 def final_status(finished: Finished, trace: RunTrace) -> str:
     if finished.error:
         return f"⚠️ The run ended with an error: {finished.error}"
+    if finished.preempted:
+        return (f"⏱️ Stopped after this visitor's fair share of the engine, as others were waiting, at TokenSwift "
+                f"{trace.tokenswift.generated:,} / AR {trace.ar.generated:,} tokens.")
     if finished.timed_out:
         return (f"⏱️ Stopped at the time limit of this server at TokenSwift {trace.tokenswift.generated:,} / AR "
                 f"{trace.ar.generated:,} tokens.")

@@ -8,12 +8,21 @@ Why a process of its own:
   0.87 of its headless speed). Here the engine shares nothing with the server but the cores.
 
 The server holds a tokenizer only; the engine loads the weights. Messages are in `commands.py`. The
-engine runs one job at a time, in order, on its single torch thread; it reads Stop between iterations (and
-between prefill chunks) by polling the command pipe, which costs a few microseconds.
+engine runs one job at a time on its single torch thread; it reads Stop between iterations (and between
+prefill chunks) by polling the command pipe, which costs a few microseconds.
+
+Engine time is shared between clients (a client: a visitor's address). The server keeps the jobs waiting
+and sends the engine one at a time: the next is the waiting job of the client that used the engine least
+lately (engine-seconds, decaying with a half-life of `USAGE_HALF_LIFE_S`), in order within a client. A job
+that has run `fair_share_s` while a client that has used the engine less waits is stopped
+(`Finished.preempted`), so one client's long or costly runs cannot starve the others; alone, a job runs to
+its own time limit.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import multiprocessing as mp
 import threading
 import time
@@ -24,18 +33,23 @@ from .commands import Exit, Forget, Load, Start, StepOnce, Stop
 from ..kinds import Method
 from .runner import Finished, RunHandle, RunRequest, interleave
 
-POLL_S = 0.5  # how often the server checks that an idle engine is still alive
+POLL_S = 0.5  # how often the server checks that an idle engine is still alive (and a running job's share)
 NO_LIMIT_S = 365 * 86400.0
+USAGE_HALF_LIFE_S = 300.0  # a client's engine-seconds count half after this long
+USAGE_CLIENTS = 4096  # clients whose usage is remembered (the least active are forgotten first)
 
 
 class ProcessRunner(RunHandle):
     """One job executed by the engine process: its Step events arrive on `events`, then one Finished."""
 
-    def __init__(self, engine: "EngineProcess", make_command, request: RunRequest) -> None:
+    def __init__(self, engine: "EngineProcess", make_command, request: RunRequest, client: str = "") -> None:
         super().__init__(request)
         self.engine = engine
         self.make_command = make_command  # run_id -> the command to send
+        self.client = client  # whose engine time it spends (fair sharing)
         self.run_id = 0
+        self.started_at: float | None = None  # when the engine was given the job
+        self.preempted = False
 
     def start(self) -> "ProcessRunner":
         self.engine.submit(self)
@@ -44,7 +58,7 @@ class ProcessRunner(RunHandle):
     def stop(self) -> None:
         super().stop()
         if self.run_id and self.alive:
-            self.engine.send(Stop(self.run_id))
+            self.engine.stop_run(self)
 
     @property
     def ahead(self) -> int:
@@ -55,14 +69,18 @@ class ProcessRunner(RunHandle):
 class EngineProcess:
     """The server's handle on the engine process (started on first use, restarted after a crash)."""
 
-    def __init__(self, models: dict[str, str], warm: str | None = None, step_sessions: int = 4) -> None:
+    def __init__(self, models: dict[str, str], warm: str | None = None, step_sessions: int = 4,
+                 fair_share_s: float = NO_LIMIT_S) -> None:
         self._models = dict(models)
         self._warm = warm
         self._step_sessions = step_sessions
+        self.fair_share_s = fair_share_s
         self._lock = threading.Lock()
         self._proc: mp.process.BaseProcess | None = None
         self._commands: Connection | None = None
         self._runs: dict[int, tuple[ProcessRunner, object]] = {}  # run_id -> (runner, the process holding it)
+        self._waiting: list[ProcessRunner] = []  # submitted, not yet given to the engine
+        self._usage: dict[str, tuple[float, float]] = {}  # client -> (engine-seconds, when last updated)
         self._ids = itertools.count(1)
 
     # ---- the server's side ------------------------------------------------------------------------------
@@ -72,13 +90,16 @@ class EngineProcess:
             self._ensure_started()
         return self
 
-    def runner(self, model: str, request: RunRequest, time_limit_s: float = NO_LIMIT_S) -> ProcessRunner:
-        """A run of `request` (not started: call .start())."""
-        return ProcessRunner(self, lambda run_id: Start(run_id, model, request, time_limit_s), request)
+    def runner(self, model: str, request: RunRequest, time_limit_s: float = NO_LIMIT_S,
+               client: str = "") -> ProcessRunner:
+        """A run of `request` for `client` (not started: call .start())."""
+        return ProcessRunner(self, lambda run_id: Start(run_id, model, request, time_limit_s), request, client)
 
-    def stepper(self, session: str, model: str, request: RunRequest, time_limit_s: float = NO_LIMIT_S) -> ProcessRunner:
+    def stepper(self, session: str, model: str, request: RunRequest, time_limit_s: float = NO_LIMIT_S,
+                client: str = "") -> ProcessRunner:
         """One classroom iteration of the run the engine holds for `session` (not started: call .start())."""
-        return ProcessRunner(self, lambda run_id: StepOnce(run_id, session, model, request, time_limit_s), request)
+        return ProcessRunner(self, lambda run_id: StepOnce(run_id, session, model, request, time_limit_s), request,
+                             client)
 
     def forget(self, session: str) -> None:
         self.send(Forget(session))
@@ -92,24 +113,115 @@ class EngineProcess:
     def pending(self) -> int:
         """Jobs submitted and not finished (the running one included)."""
         with self._lock:
-            return len(self._runs)
+            return len(self._runs) + len(self._waiting)
+
+    def pending_for(self, client: str) -> int:
+        """Jobs of `client` submitted and not finished."""
+        with self._lock:
+            return sum(r.client == client for r in self._waiting) + sum(r.client == client for r, _ in self._runs.values())
 
     def jobs_ahead(self, run_id: int) -> int:
+        """Jobs that run before this one as things stand (0: it is running or done)."""
         with self._lock:
-            return sum(1 for other in self._runs if other < run_id)
+            mine = next((r for r in self._waiting if r.run_id == run_id), None)
+            if mine is None:
+                return 0
+            now = time.monotonic()
+            key = self._priority(mine, now)
+            return len(self._runs) + sum(1 for r in self._waiting if self._priority(r, now) < key)
+
+    def usage(self, client: str) -> float:
+        """The client's recent engine-seconds (decayed)."""
+        with self._lock:
+            return self._usage_now(client, time.monotonic())
 
     def submit(self, runner: ProcessRunner) -> None:
         with self._lock:
+            runner.run_id = next(self._ids)
+            if runner.stopped:
+                runner._finish(Finished(None, True))
+                return
+            self._waiting.append(runner)
+            self._next_job()
+
+    def make_room(self, client: str) -> bool:
+        """The queue is full and `client` asks for a place: give it the place of the newest waiting job of the
+        client holding the most jobs, when that client holds at least two more than `client`. That job ends
+        with a message. Returns whether a place was freed."""
+        with self._lock:
+            held: dict[str, int] = {}
+            for r in [*self._waiting, *(r for r, _ in self._runs.values())]:
+                held[r.client] = held.get(r.client, 0) + 1
+            heavy = [r for r in self._waiting if held[r.client] >= held.get(client, 0) + 2]
+            if not heavy:
+                return False
+            most = max(held[r.client] for r in heavy)
+            victim = max((r for r in heavy if held[r.client] == most), key=lambda r: r.run_id)
+            self._waiting.remove(victim)
+        victim._finish(Finished("its place in the queue went to a visitor who had none; please try again in a "
+                                "minute", True))
+        return True
+
+    def stop_run(self, runner: ProcessRunner) -> None:
+        """Stop a job: a waiting one ends at once, a running one within an iteration."""
+        with self._lock:
+            if runner in self._waiting:
+                self._waiting.remove(runner)
+                runner._finish(Finished(None, True))
+                return
+        self.send(Stop(runner.run_id))
+
+    # ---- fair sharing (called with the lock held) -------------------------------------------------------
+    def _usage_now(self, client: str, now: float) -> float:
+        used, at = self._usage.get(client, (0.0, now))
+        return used * math.exp2(-(now - at) / USAGE_HALF_LIFE_S)
+
+    def _charge(self, runner: ProcessRunner) -> None:
+        if runner.started_at is None:
+            return
+        now = time.monotonic()
+        self._usage[runner.client] = (self._usage_now(runner.client, now) + now - runner.started_at, now)
+        if len(self._usage) > USAGE_CLIENTS:  # forget the least active half
+            ranked = sorted(self._usage, key=lambda c: self._usage_now(c, now))
+            for client in ranked[: len(ranked) // 2]:
+                del self._usage[client]
+
+    def _priority(self, runner: ProcessRunner, now: float) -> tuple[float, int]:
+        return self._usage_now(runner.client, now), runner.run_id
+
+    def _next_job(self) -> None:
+        """Give the engine the next waiting job when it has none."""
+        while self._waiting and not self._runs:
+            now = time.monotonic()
+            runner = min(self._waiting, key=lambda r: self._priority(r, now))
+            self._waiting.remove(runner)
             try:
                 self._ensure_started()
-                runner.run_id = next(self._ids)
                 self._runs[runner.run_id] = (runner, self._proc)
+                runner.started_at = time.monotonic()
                 self._commands.send(runner.make_command(runner.run_id))
-                if runner.stopped:
-                    self._commands.send(Stop(runner.run_id))
             except OSError as exc:  # the process died between the check and the send
                 self._runs.pop(runner.run_id, None)
                 runner._finish(Finished(f"the engine process is not reachable ({exc}); try again", runner.stopped))
+
+    def _share_check(self) -> None:
+        """Stop the running job once it has had its fair share while a job of another client waits that
+        has used the engine less (counting the running job's time so far)."""
+        with self._lock:
+            now = time.monotonic()
+            for runner, _ in self._runs.values():
+                if runner.preempted or runner.started_at is None:
+                    continue
+                running = now - runner.started_at
+                if running < self.fair_share_s:
+                    continue
+                used = self._usage_now(runner.client, now) + running
+                if any(w.client != runner.client and self._usage_now(w.client, now) < used for w in self._waiting):
+                    runner.preempted = True
+                    try:
+                        self._commands.send(Stop(runner.run_id))
+                    except (OSError, AttributeError):
+                        pass  # the process is gone: its dispatcher ends its runs
 
     def send(self, command) -> None:
         """A command without a reply (Stop, Forget); dropped when no engine is running."""
@@ -155,6 +267,7 @@ class EngineProcess:
     def _dispatch(self, proc, events: Connection) -> None:
         """Route the process's events to their runners until it ends."""
         while True:
+            self._share_check()
             try:
                 if not events.poll(POLL_S):
                     if proc.is_alive():
@@ -167,10 +280,14 @@ class EngineProcess:
                 entry = self._runs.get(run_id)
                 if entry is not None and isinstance(event, Finished):
                     del self._runs[run_id]
+                    self._charge(entry[0])
+                    self._next_job()
             if entry is None:
                 continue
             runner = entry[0]
             if isinstance(event, Finished):
+                if runner.preempted and not runner.stopped and event.error is None:
+                    event = dataclasses.replace(event, preempted=True)
                 runner._finish(event)
             else:
                 runner.events.put(event)
@@ -180,11 +297,15 @@ class EngineProcess:
             orphans = [r for r, p in self._runs.values() if p is proc]
             for r in orphans:
                 del self._runs[r.run_id]
+                self._charge(r)
             if self._proc is proc:
                 self._proc = self._commands = None
         for r in orphans:
             r._finish(Finished(f"the engine process ended unexpectedly (exit code {proc.exitcode}); "
                                "the next run starts a new one", r.stopped))
+        with self._lock:
+            if self._waiting and self._proc is None:
+                self._next_job()  # a new engine for the jobs that were waiting
 
 
 # ---- the engine's side (runs in the child process) --------------------------------------------------------

@@ -21,7 +21,7 @@ from tokenswift.events import TreeNode
 from tokenswift.kinds import Method, PartialMode, Source
 from tokenswift.settings import Settings
 
-from .trace import CHANGE_COLUMNS, ITERATION_COLUMNS, TREES_KEPT, U32, U64, EventLog, RunTrace
+from .trace import CHANGE_COLUMNS, ITERATION_COLUMNS, TREES_KEPT, U32, U64, EventLog, RunTrace, estimate_bytes
 
 FORMAT = "tokenswift-live-trace/2"
 OLD_FORMATS = ("tokenswift-live-trace/1",)
@@ -34,6 +34,10 @@ MAX_TOKENS = 200_000  # prompt tokens, and new tokens per method
 MAX_TREE_NODES = 4096  # nodes of one kept draft tree
 MAX_TEXT = 1000  # characters of a model name, a setting or a plan
 MAX_REAL = 1e9  # seconds, and the magnitude of a real-valued setting
+# Timings no run of this engine produces: a method faster than this many tokens per second of compute, or
+# TokenSwift this many times faster than AR (real runs: 0.3-5x on a CPU), is refused as implausible.
+MAX_TOKENS_PER_S = 100_000.0
+MAX_SPEEDUP = 50.0
 
 TOKEN_SOURCES = tuple(s for s in Source if s != Source.ROOT)
 NODE_SOURCES = tuple(s for s in Source if s not in (Source.BONUS, Source.AR))
@@ -99,6 +103,11 @@ class ReplayLimits:
     vocab_size: int | None = None  # token ids must be below it (None: below 2**32)
     max_tokens: int = MAX_TOKENS
     max_tree_nodes: int = MAX_TREE_NODES
+    positions: int | None = None  # the model's positions: prompt + new tokens, cache lengths, held ends
+
+    @property
+    def top_position(self) -> int:
+        return U32 if self.positions is None else self.positions
 
     @property
     def top_id(self) -> int:
@@ -106,17 +115,35 @@ class ReplayLimits:
 
 
 VocabSize = int | Callable[[str], int] | None  # a number, or one for the model the file names
+Positions = int | Callable[[str], int] | None  # the same for the model's maximum positions
 
 
 def load_trace_file(path: str | Path, max_bytes: int = MAX_FILE_BYTES, vocab_size: VocabSize = None,
-                    max_tokens: int = MAX_TOKENS, max_tree_nodes: int = MAX_TREE_NODES) -> tuple[RunTrace, dict[str, Any]]:
+                    max_tokens: int = MAX_TOKENS, max_tree_nodes: int = MAX_TREE_NODES, positions: Positions = None,
+                    max_kept_bytes: int | None = None) -> tuple[RunTrace, dict[str, Any]]:
     """Check an exported run completely and rebuild its trace by folding its events. Returns the trace and
     the file's (checked) content, whose "model" names the model it came from. Token ids must be below
-    `vocab_size`: a number, or a function of that model name (called once the name is checked). Raises
+    `vocab_size`, and prompt plus new tokens, cache lengths and held positions within `positions`: each a
+    number, or a function of that model name (called once the name is checked). A trace that would keep
+    more than `max_kept_bytes` of memory once rebuilt is refused before it is built. Raises
     `TraceFileError` (one sentence) on anything the file does wrong; nothing is kept from a refused file."""
     data = parse_trace_json(_read(Path(path), max_bytes))
-    logs = check_trace(data, vocab_size, max_tokens, max_tree_nodes)
+    logs = check_trace(data, vocab_size, max_tokens, max_tree_nodes, positions)
+    if max_kept_bytes is not None:
+        kept = kept_bytes(data["prompt_ids"], logs)
+        if kept > max_kept_bytes:
+            _fail(f"Replaying this trace would keep about {kept / 2**20:,.0f} MiB of the server's memory; at most "
+                  f"{max_kept_bytes / 2**20:,.0f} MiB per visitor are allowed here.")
     return RunTrace.replay(data["prompt_ids"], data["settings"], data["max_new_tokens"], logs), data
+
+
+def kept_bytes(prompt_ids: list[int], logs: dict[Method, EventLog]) -> int:
+    """The memory a trace rebuilt from these logs keeps (`RunTrace.approx_bytes`, before building it)."""
+    tokens = sum(len(log.token_ids) + len(prompt_ids) // 2 for log in logs.values())
+    iterations = sum(log.iterations for log in logs.values())
+    nodes = sum(len(tree) for log in logs.values() for _, tree in log.trees)
+    held = sum(len(log.held[1]) if log.held is not None else 0 for log in logs.values())
+    return estimate_bytes(tokens, iterations, nodes, held)
 
 
 def _read(path: Path, max_bytes: int) -> str:
@@ -172,7 +199,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def check_trace(data: Any, vocab_size: VocabSize = None, max_tokens: int = MAX_TOKENS,
-                max_tree_nodes: int = MAX_TREE_NODES) -> dict[Method, EventLog]:
+                max_tree_nodes: int = MAX_TREE_NODES, positions: Positions = None) -> dict[Method, EventLog]:
     """Check a parsed trace file completely; returns each method's event log, ready to fold."""
     if type(data) is not dict:
         _fail("The file is not a TokenSwift Live trace (its top level is not a JSON object).")
@@ -184,14 +211,40 @@ def check_trace(data: Any, vocab_size: VocabSize = None, max_tokens: int = MAX_T
         _fail(f"The file is not a TokenSwift Live trace (expected format {FORMAT!r}, found {_short(fmt)}).")
     _object(data, "the file", ("format", "model", "prompt_ids", "settings", "max_new_tokens", "methods", "readable"))
     model = _text(data["model"], "model", MAX_TEXT)
-    limits = ReplayLimits(vocab_size(model) if callable(vocab_size) else vocab_size, max_tokens, max_tree_nodes)
-    _ids(data["prompt_ids"], "prompt_ids", limits)
+    limits = ReplayLimits(vocab_size(model) if callable(vocab_size) else vocab_size, max_tokens, max_tree_nodes,
+                          positions(model) if callable(positions) else positions)
+    prompt = _ids(data["prompt_ids"], "prompt_ids", limits)
     _settings(data["settings"])
-    max_new = _int(data["max_new_tokens"], "max_new_tokens", 1, limits.max_tokens)
+    room = min(limits.max_tokens, limits.top_position - len(prompt))
+    if room < 1:
+        _fail(f"In the trace file, the prompt has {len(prompt):,} tokens; the model holds {limits.top_position:,} "
+              f"positions in all, so no run of it could have produced this trace.")
+    max_new = _int(data["max_new_tokens"], "max_new_tokens", 1, room)
     methods = _object(data["methods"], "methods", tuple(Method))
     logs = {m: _check_log(methods[m], f"methods.{m}", limits, max_new) for m in Method}
+    _plausible(logs)
     _readable(data["readable"])
     return logs
+
+
+def _plausible(logs: dict[Method, EventLog]) -> None:
+    """Timings a real run could have: compute time grows, is not zero once tokens exist, and gives neither a
+    method faster than MAX_TOKENS_PER_S nor a speedup beyond MAX_SPEEDUP."""
+    speeds = {}
+    for method, log in logs.items():
+        elapsed = log.columns["elapsed_s"]
+        if any(b < a for a, b in zip(elapsed, elapsed[1:])):
+            _fail(f"In the trace file, methods.{method}.per_iteration.elapsed_s decreases, which no run's "
+                  f"compute time does.")
+        if log.token_ids:
+            seconds = elapsed[-1] if elapsed else 0.0
+            if seconds <= 0 or len(log.token_ids) / seconds > MAX_TOKENS_PER_S:
+                _fail(f"In the trace file, {method} made {len(log.token_ids):,} tokens in {seconds:g} s of compute, "
+                      f"faster than {MAX_TOKENS_PER_S:,.0f} tokens/s: its timings are not plausible.")
+            speeds[method] = len(log.token_ids) / seconds
+    if len(speeds) == 2 and speeds[Method.TOKENSWIFT] / speeds[Method.AR] > MAX_SPEEDUP:
+        _fail(f"In the trace file, TokenSwift is {speeds[Method.TOKENSWIFT] / speeds[Method.AR]:,.0f} times as fast "
+              f"as AR, beyond the {MAX_SPEEDUP:g}x any run of this engine reaches: its timings are not plausible.")
 
 
 def _settings(value: Any) -> None:
@@ -230,6 +283,9 @@ def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> Ev
         _fail(f"In the trace file, the accepted lengths of {where}.per_iteration add up to {sum(accepted):,} "
               f"but there are {len(ids):,} tokens.")
     n = len(accepted)
+    if n > len(ids) + 1:  # every iteration accepts a token, but a last one cut by the token limit
+        _fail(f"In the trace file, {where} has {n:,} iterations for {len(ids):,} tokens; a run accepts at least one "
+              f"token per iteration.")
     for name, code in ITERATION_COLUMNS.items():
         column, at = per[name], f"{where}.per_iteration.{name}"
         _same_length(column, accepted, at, "iterations")
@@ -258,6 +314,8 @@ def _column_top(name: str, code: str, limits: ReplayLimits) -> int:
         return limits.max_tree_nodes + 1
     if name == "draft_nodes":
         return limits.max_tree_nodes
+    if name in ("cache_length", "partial_sink", "partial_selected", "partial_recent"):
+        return limits.top_position
     return U64 if code == "Q" else U32
 
 
@@ -331,10 +389,11 @@ def _held(value: Any, where: str, iterations: int, limits: ReplayLimits) -> None
     """[iteration, [[start, end], ...]]: the held positions the latest report gave."""
     iteration, runs = _pair(value, where)
     _iteration(iteration, f"{where} iteration", iterations, -1)
-    for k, run in enumerate(_list(runs, f"{where} runs", limits.max_tokens)):
+    top = limits.top_position
+    for k, run in enumerate(_list(runs, f"{where} runs", min(limits.max_tokens, top // 2 + 1))):
         start, end = _pair(run, f"{where} run {k}")
-        _int(start, f"{where} run {k} start", 0, U32)
-        _int(end, f"{where} run {k} end", start + 1, U32)
+        _int(start, f"{where} run {k} start", runs[k - 1][1] if k else 0, top - 1)  # in order, not overlapping
+        _int(end, f"{where} run {k} end", start + 1, top)
 
 
 def _readable(value: Any) -> None:

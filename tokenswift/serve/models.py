@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..builtin import BUILTIN_MODELS, is_builtin, resolve_model
 from ..codec import decode_ids, encode_text
-from ..validate import ModelLimits
+from ..validate import ModelLimits, shown
 from .fetches import FetchJob, Fetches
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def allowlist() -> dict[str, str]:
 
 def _check_name(models: dict[str, str], name: str) -> str:
     if name not in models:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(models)}")
+        raise ValueError(f"unknown model {shown(name)}: choose one of {', '.join(models)}")
     path = models[name]
     if not is_builtin(path) and not Path(path).exists():
         raise ValueError(f"model files not found at {path}")
@@ -54,6 +54,7 @@ class Codec:
     name: str
     tokenizer: object
     limits: ModelLimits  # maximum positions and vocabulary size, for the validator
+    parameters: int = 0  # weights of the model, estimated from its config (the admission's cost estimate)
 
     @classmethod
     def load(cls, name: str, path: str) -> "Codec":
@@ -63,7 +64,7 @@ class Codec:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
         tokenizer = AutoTokenizer.from_pretrained(path)
         positions = config.get("max_position_embeddings") or config.get("n_positions")
-        return cls(name, tokenizer, ModelLimits(int(positions), int(config["vocab_size"])))
+        return cls(name, tokenizer, ModelLimits(int(positions), int(config["vocab_size"])), _parameters(config))
 
     def encode(self, text: str) -> list[int]:
         return encode_text(self.tokenizer, text)
@@ -73,6 +74,16 @@ class Codec:
 
     def decode_one(self, token: int) -> str:
         return decode_ids(self.tokenizer, [token])
+
+
+def _parameters(config: dict) -> int:
+    """Weights of a decoder from its config: attention and MLP per layer, and the embedding (0: unknown)."""
+    try:
+        hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        ffn = int(config.get("intermediate_size") or 4 * hidden)
+        return layers * (4 * hidden * hidden + 3 * hidden * ffn) + int(config["vocab_size"]) * hidden
+    except (KeyError, TypeError, ValueError):
+        return 0
 
 
 class Codecs:

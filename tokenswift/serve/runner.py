@@ -28,12 +28,14 @@ class RunRequest:
 @dataclass(frozen=True)
 class Finished:
     """A job's last event: why it ended (error None: completed or stopped) and whether it was stopped.
-    timed_out: stopped by the request time limit; exhausted: a classroom Step found its run at its end."""
+    timed_out: stopped by the request time limit; exhausted: a classroom Step found its run at its end;
+    preempted: stopped after its fair share of the engine because another client was waiting."""
 
     error: str | None
     stopped: bool
     timed_out: bool = False
     exhausted: bool = False
+    preempted: bool = False
 
 
 class RunHandle:

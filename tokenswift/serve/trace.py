@@ -24,6 +24,22 @@ TREES_KEPT = 32  # draft trees (and auto's plans) kept for the most recent itera
 U32, U64 = 2**32 - 1, 2**64 - 1  # the largest values of the "I" and "Q" columns
 SOURCES = {str(s): s for s in Source}
 
+# What a trace keeps in the server's memory, measured with tracemalloc on replayed traces (CPython 3.11),
+# rounded up: per token (id, source and depth in the log, histograms), per iteration (the columns, the
+# Series before they halve), per kept draft-tree node (a TreeNode in the log and in the pane), per held run
+# (a pair in the log and in the pane), and a trace's fixed part (its Series at their cap, dicts).
+BYTES_PER_TOKEN = 80
+BYTES_PER_ITERATION = 120
+BYTES_PER_TREE_NODE = 1_200
+BYTES_PER_HELD_RUN = 320
+BYTES_PER_TRACE = 4 * 2**20
+
+
+def estimate_bytes(tokens: int, iterations: int, tree_nodes: int, held_runs: int) -> int:
+    """The server memory a trace of these counts (both panes together) keeps, from the constants above."""
+    return (BYTES_PER_TRACE + tokens * BYTES_PER_TOKEN + iterations * BYTES_PER_ITERATION
+            + tree_nodes * BYTES_PER_TREE_NODE + held_runs * BYTES_PER_HELD_RUN)
+
 # One value per iteration: name -> array type code. The timings are whole microseconds, so that what
 # export writes is exactly what replay records again.
 ITERATION_COLUMNS = {
@@ -363,6 +379,18 @@ class RunTrace:
     def speedup(self) -> float:
         a, t = self.ar.tokens_per_s, self.tokenswift.tokens_per_s
         return t / a if a > 0 and t > 0 else 0.0
+
+    def approx_bytes(self) -> int:
+        """The server memory this trace keeps (an estimate from its counts; cheap enough to call per update)."""
+        tokens = iterations = nodes = held = 0
+        with self._lock:  # a run may be adding steps meanwhile
+            for pane in (self.ar, self.tokenswift):
+                log = pane.events
+                tokens += len(log.token_ids) + len(self.prompt_ids) // 2
+                iterations += log.iterations
+                nodes += sum(len(t) for _, t in log.trees)
+                held += len(pane.held_runs)
+        return estimate_bytes(tokens, iterations, nodes, held)
 
     def identical_prefix(self) -> int:
         """How many leading tokens the two panes share (the greedy losslessness check)."""
