@@ -22,6 +22,9 @@ os.environ.setdefault("TOKENSWIFT_PAGE_MODEL", DEFAULT_MODEL_NAME)
 torch.set_num_threads(int(os.environ.get("TOKENSWIFT_TEST_THREADS", "1")))
 
 WEIGHT_SCALE = 0.2  # large enough that the random models' logits are far from flat
+# A Llama with GQA and head size 64, so that tests reach the native decoder stack (tokenswift/native/layer_rows.c:
+# head sizes 64 and 128 only) where this machine builds it; FAMILIES' models have head size 16 (PyTorch attention).
+NATIVE_FAMILY = "llama-gqa-hd64"
 
 
 def tiny_config(family: str, vocab: int = 256, **overrides):
@@ -37,6 +40,9 @@ def tiny_config(family: str, vocab: int = 256, **overrides):
         cfg = Qwen2Config(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, **common)
     elif family == "mistral":  # GQA and a sliding window shorter than the tests' sequences
         cfg = MistralConfig(num_attention_heads=4, num_key_value_heads=1, sliding_window=96, **common)
+    elif family == NATIVE_FAMILY:  # head size 64 (the others' is 16): the native decoder stack serves it
+        cfg = LlamaConfig(num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                          **{**common, "hidden_size": 128, "intermediate_size": 256})
     else:
         raise ValueError(family)
     for key, value in overrides.items():
@@ -73,6 +79,18 @@ def random_heads(model, num_heads: int = 3, seed: int = 1, scale: float = 0.05) 
 
 
 FAMILIES = ["llama-mha", "llama-gqa", "qwen2", "mistral"]
+
+
+def native_stack_or_skip(gen: ts.Generator) -> None:
+    """Asserts that `gen` computes through the native decoder stack where this machine has the native library;
+    skips (saying why) where it has not (no C compiler, no AVX2 with FMA, TOKENSWIFT_NATIVE=0)."""
+    from tokenswift.native import build, layers, panels, rows_attention
+
+    if not (layers.available() and rows_attention.available() and panels.available()):
+        pytest.skip(f"native decoder stack unavailable: {build.why_not('layer_rows') or build.why_not('attend_rows')}"
+                    f" / {panels.why_unavailable()}")
+    lean = gen.adapter.lean
+    assert lean is not None and lean.native_stack is not None, "the native library is here but does not serve the model"
 
 
 @pytest.fixture(params=FAMILIES)

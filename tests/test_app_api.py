@@ -5,7 +5,8 @@ import pytest
 
 from ui.app_server import DEFAULT_MODEL, AppServer
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built")
+pytestmark = [pytest.mark.slow,  # a live server or engine process: the full suite only
+              pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built")]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import torch
 from tokenswift import Generator
 from tokenswift.bench_bonus_head import BonusHead, coverage, hidden_states, train_head
 
+pytestmark = pytest.mark.slow  # a benchmark on the shipped default model
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "assets" / "default-model"
 

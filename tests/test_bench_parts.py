@@ -11,6 +11,8 @@ from tokenswift.adapter import ModelAdapter
 from tokenswift.bench_parts import PARTS, parts
 from tokenswift.native import decide
 
+pytestmark = pytest.mark.slow  # a benchmark on the shipped default model
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "assets" / "default-model")
 LINE = "It was a fine morning, and Emma walked to Hartfield with her father and Mr. Knightley."

@@ -9,6 +9,8 @@ import torch
 from tokenswift import bench, lean
 from tokenswift.bench_rows import rows
 
+pytestmark = pytest.mark.slow  # a benchmark on the shipped default model
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "assets" / "default-model"
 LINE = "It was a fine morning, and Emma walked to Hartfield with her father and Mr. Knightley."

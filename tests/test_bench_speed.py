@@ -2,6 +2,7 @@
 import copy
 import json
 
+import pytest
 import torch
 
 import tokenswift as ts
@@ -10,6 +11,7 @@ from tokenswift import bench_speed as bs
 from conftest import random_heads, tiny_model
 
 
+@pytest.mark.slow  # runs the benchmark
 def test_speed_results_structure(tmp_path):
     model = tiny_model("llama-gqa")
     gen = ts.Generator(model, heads=random_heads(model))
@@ -68,6 +70,7 @@ def test_divergence_report_gives_position_and_gap():
     assert sampled["first_diff"] == 2 and "gaps" not in sampled
 
 
+@pytest.mark.slow  # runs the benchmark
 def test_speed_without_hf_runs_our_methods_only():
     """--no-hf: AR, auto and the paper tree side by side, HF columns left empty."""
     model = tiny_model("llama-gqa")
@@ -82,6 +85,7 @@ def test_speed_without_hf_runs_our_methods_only():
     assert table.count("\n| 48 |") == 1
 
 
+@pytest.mark.slow  # runs the benchmark
 def test_paired_runs_advance_ar_and_auto_in_turn_and_the_paper_tree_can_be_left_out():
     """--no-paper: AR and auto (separately and paired) only; the paired run's streams give AR's tokens and a ratio."""
     model = tiny_model("llama-gqa")

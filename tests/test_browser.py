@@ -13,6 +13,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no Chromium installed (apt-get install chromium)"),
     pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built"),

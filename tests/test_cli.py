@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import tokenswift as ts
 
 from conftest import ROOT, save_tiny_checkpoint
@@ -52,6 +54,7 @@ def test_every_setting_is_a_flag_with_the_dataclass_default():
         assert getattr(args, f.name) == CLI_DEFAULTS.get(f.name, f.default), f.name
 
 
+@pytest.mark.slow  # two more CLI processes (the flags themselves: test_every_setting_is_a_flag_...)
 def test_new_flags_reach_the_engine_and_old_spellings_still_work(tmp_path):
     model_dir = save_tiny_checkpoint(tmp_path / "m")
     common = ["generate", "--model", str(model_dir), "--prompt", "It is a truth", "--max-new-tokens", "40", "--json"]

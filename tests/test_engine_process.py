@@ -11,6 +11,8 @@ from tokenswift.serve.engine_process import EngineProcess
 from tokenswift.serve.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME
 from tokenswift.serve.runner import Finished, RunRequest
 
+pytestmark = pytest.mark.slow  # starts, kills and restarts the engine process on the default model
+
 PROMPT = list(range(40, 80))
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from ui.app_server import DEFAULT_MODEL, ROOT, AppServer
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built")
+pytestmark = [pytest.mark.slow,  # a live server or engine process: the full suite only
+              pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="the default model is not built")]
 
 QUEUE = 4
 ENV = {"TOKENSWIFT_QUEUE_SIZE": str(QUEUE), "TOKENSWIFT_MAX_PROMPT_TOKENS": "2048",

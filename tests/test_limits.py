@@ -25,6 +25,7 @@ def test_a_malformed_limit_is_refused_by_name(variable, value):
         Limits.from_env({variable: value})
 
 
+@pytest.mark.slow  # starts app.py
 def test_the_server_refuses_to_start_with_a_malformed_limit():
     out = subprocess.run([sys.executable, "app.py"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "TOKENSWIFT_QUEUE_SIZE": "lots", "HOME": str(ROOT)})

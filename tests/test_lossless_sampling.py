@@ -4,11 +4,12 @@ import collections
 import functools
 import time
 
+import pytest
 import torch
 
 import tokenswift as ts
 
-from conftest import random_heads, tiny_model
+from conftest import NATIVE_FAMILY, native_stack_or_skip, random_heads, tiny_model
 
 VOCAB = 8
 SAMPLES = 3000
@@ -71,6 +72,7 @@ def test_sampled_tokenswift_matches_ar():
     assert p > 0.01
 
 
+@pytest.mark.slow  # 3,000 more samples (the same-seed test below runs auto's trees in the fast tier)
 def test_sampled_auto_tree_matches_ar():
     """The cost-aware tree drafts from suffix matches, fused heads and 4-grams: still exactly AR's law."""
     ar = ar_counts()
@@ -83,6 +85,7 @@ def test_sampled_auto_tree_matches_ar():
     assert drafted > 0, "auto never drafted here: the test would not exercise its verification"
 
 
+@pytest.mark.slow  # 3,000 more samples: the test's power, not the engine's
 def test_same_test_detects_the_original_per_row_rule():
     ar = ar_counts()
     biased = joint_counts("tokenswift", range(SAMPLES, 2 * SAMPLES), acceptance="per_row_biased")
@@ -91,11 +94,15 @@ def test_same_test_detects_the_original_per_row_rule():
     assert p < 0.01
 
 
-def test_same_seed_gives_the_same_tokens_as_ar():
+@pytest.mark.parametrize("family", ["llama-gqa", NATIVE_FAMILY])
+def test_same_seed_gives_the_same_tokens_as_ar(family):
     """One uniform per produced token in the same order: with equal seeds TokenSwift reproduces AR's
-    sample path exactly (up to floating-point ties, which these seeds do not hit)."""
-    model = tiny_model("llama-gqa", seed=5)
+    sample path exactly (up to floating-point ties, which these seeds do not hit); NATIVE_FAMILY's through the
+    native decoder stack."""
+    model = tiny_model(family, seed=5)
     gen = ts.Generator(model, heads=random_heads(model))
+    if family == NATIVE_FAMILY:
+        native_stack_or_skip(gen)
     prompt = list(range(10, 40))
     settings = ts.Settings(temperature=1.0, min_p=0.02, penalty=1.2, penalty_window=32, kv_budget=48, kv_sink=4)
     for seed in range(6):

@@ -2,6 +2,7 @@
 
 Where this machine cannot build them (no C compiler, no AVX2 with FMA) the kernel tests skip with the reason, and the
 fallback tests still run: then every model runs through PyTorch, as the rest of the suite checks."""
+import json
 import os
 import subprocess
 import sys
@@ -372,14 +373,38 @@ def test_native_kernels_can_be_turned_off():
     assert out.startswith("False False |") and "TOKENSWIFT_NATIVE=0" in out
 
 
+# The same runs in this process (native kernels where they build) and in one whose compiler fails (PyTorch only).
+COMPILER_RUNS = """
+import json, torch
+from conftest import NATIVE_FAMILY, random_heads, tiny_model
+model = tiny_model(NATIVE_FAMILY, seed=3)
+gen = ts.Generator(model, heads=random_heads(model))
+prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(8)).tolist()
+paper = dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)
+runs = {"stack": gen.adapter.lean.native_stack is not None,
+        "greedy-ar": gen.generate(prompt, ts.Settings(), 120, method="ar").token_ids,
+        "greedy": gen.generate(prompt, ts.Settings(tree="1x2x2"), 120).token_ids,
+        "sampled-ar": gen.generate(prompt, ts.Settings(**paper), 120, method="ar", seed=5).token_ids,
+        "sampled": gen.generate(prompt, ts.Settings(tree="auto", **paper), 120, seed=5).token_ids}
+"""
+
+
 def test_a_failing_compiler_leaves_the_pytorch_path(tmp_path):
-    """No usable compiler: the kernels are unavailable with a reason, and generation still works."""
-    code = CHECK + ("; import torch; from conftest import tiny_model; m = tiny_model('llama-gqa'); "
-                    "g = ts.Generator(m); print(len(g.generate([1, 2, 3], ts.Settings(), 5, method='ar').token_ids))")
+    """No usable compiler: the kernels are unavailable with a reason, and generation gives the tokens this process
+    gives (through the native kernels and decoder stack where they build here): same model, prompt, settings, seed."""
+    code = CHECK + "\n" + COMPILER_RUNS + "print(json.dumps(runs))"
     out = run_isolated(code, CC="false", TOKENSWIFT_CACHE=str(tmp_path), PYTHONPATH=str(ROOT / "tests"))
-    first, count = out.splitlines()
+    first, without = out.splitlines()
     assert first.startswith("False False |") and "could not build" in first
-    assert count == "5"
+    without = json.loads(without)
+    assert not without.pop("stack")
+    scope = {"ts": ts}
+    exec(COMPILER_RUNS, scope)
+    native = scope["runs"]
+    assert native.pop("stack") == (layers.available() and rows_attention.available() and panels.available())
+    assert all(len(tokens) == 120 for tokens in without.values())
+    assert native == without
+    assert without["greedy"] == without["greedy-ar"] and without["sampled"] == without["sampled-ar"]
 
 
 def test_a_source_that_does_not_build_is_not_compiled_again(tmp_path):

@@ -20,7 +20,8 @@ from ui.app_server import AppServer
 from ui.controls import UI_DEFAULTS
 from ui.live import LiveApp
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="the default model is not built")
+pytestmark = [pytest.mark.slow,  # a live server or engine process: the full suite only
+              pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="the default model is not built")]
 
 MODELS = {DEFAULT_MODEL_NAME: str(DEFAULT_MODEL_DIR)}
 PROMPT = "It is a truth universally acknowledged, that"

@@ -17,6 +17,7 @@ def run(*args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # two training runs in subprocesses
 def test_train_heads_learns_resumes_and_saves_official_layout(tmp_path):
     model_dir = save_tiny_checkpoint(tmp_path / "m", with_heads=False)
     text = tmp_path / "book.txt"
@@ -41,6 +42,7 @@ def test_train_heads_learns_resumes_and_saves_official_layout(tmp_path):
     assert out.token_ids == gen.generate("It is a truth", ts.Settings(), 40, method="ar").token_ids
 
 
+@pytest.mark.slow  # a training run in a subprocess
 def test_train_heads_stops_at_its_time_budget_after_a_final_validation(tmp_path):
     model_dir = save_tiny_checkpoint(tmp_path / "m", with_heads=False)
     text = tmp_path / "book.txt"
