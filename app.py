@@ -11,7 +11,8 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before gradio / transformers import the hub client
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 # Uploads (and gradio's file cache) in a folder of their own, kept within TOKENSWIFT_UPLOAD_DIR_MB.
-os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), "tokenswift-uploads"))
+# Uploads go to a folder of our own (pruned at start and while running), inside the operator's GRADIO_TEMP_DIR if set.
+os.environ["GRADIO_TEMP_DIR"] = os.path.join(os.environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir(), "tokenswift-uploads")
 
 
 def main() -> None:

@@ -115,6 +115,7 @@ def load(name: str) -> ctypes.CDLL | None:
     """The library built from `<name>.c` in this folder, or None (see `why_not(name)`)."""
     if name in _loaded:
         return _loaded[name]
+    variant()  # a malformed TOKENSWIFT_ISA is refused on every machine, not only where a kernel would build
     lib = None
     if os.environ.get(DISABLE_ENV, "1") == "0":
         _reasons[name] = f"{DISABLE_ENV}=0"
