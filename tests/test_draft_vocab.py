@@ -6,7 +6,8 @@ import torch
 
 import tokenswift as ts
 from tokenswift.heads import DRAFT_VOCAB_KEY, read_draft_vocab
-from tokenswift.train.distill_heads import DistillSettings, distill_heads, drafting_vocabulary, last_hidden
+from tokenswift.train.distill_heads import DistillSettings, distill_heads, drafting_vocabulary
+from tokenswift.train.heads import last_layer_hidden
 
 from conftest import random_heads, tiny_model, tiny_tokenizer
 
@@ -107,7 +108,7 @@ def _top1(model, heads, directory):
     start = saved["prompt_tokens"] - 1
     hits = total = 0
     for row in saved["ids"][::16]:
-        h0 = last_hidden(model, row[None])[0].float()  # (T, H) before the final norm
+        h0 = last_layer_hidden(model, row[None], bf16=True)[0]  # (T, H) before the final norm
         with torch.no_grad():
             pred = model.lm_head(heads(h0)[0])[start:-2].argmax(-1)
         hits += int((pred == row[start + 2 :]).sum())

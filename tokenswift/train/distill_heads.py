@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import DRAFT_VOCAB_KEY, Heads
+from .heads import last_layer_hidden, lr_at, optimizer_step
 
 HELD_OUT_EVERY = 16  # every 16th generated row is held out for validation
 
@@ -75,19 +76,6 @@ def load_rows(dirs: list[str]) -> list[Row]:
     return rows
 
 
-def last_hidden(model, ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) ids -> (B, T, H) output of the last decoder layer before the final norm, bfloat16 autocast."""
-    captured = {}
-    handle = model.model.layers[-1].register_forward_hook(
-        lambda _m, _i, out: captured.__setitem__("h", out[0] if isinstance(out, tuple) else out))
-    try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            model.model(input_ids=ids, use_cache=False)
-    finally:
-        handle.remove()
-    return captured["h"]
-
-
 @dataclass
 class Features:
     hidden: torch.Tensor  # (N, H) bfloat16: h0 at position t
@@ -105,7 +93,7 @@ def compute_features(model, rows: list[Row], num_heads: int, progress=None) -> F
         for b in range(0, len(members), 8):
             chunk = members[b : b + 8]
             ids = torch.stack([rows[i].ids for i in chunk])  # (B, T)
-            h = last_hidden(model, ids)[:, start - 1 : length - 2]  # (B, P, H): t = start-1 .. T-3
+            h = last_layer_hidden(model, ids, bf16=True)[:, start - 1 : length - 2]  # (B, P, H): t = start-1 .. T-3
             positions = torch.arange(start - 1, length - 2)
             for j, i in enumerate(chunk):
                 targets = torch.full((positions.numel(), num_heads), -1, dtype=torch.long)
@@ -164,12 +152,6 @@ def drafting_vocabulary(labels: torch.Tensor, vocab_size: int, s: DistillSetting
     size = min(s.max_vocab, vocab_size, s.vocab_multiple * math.ceil(needed / s.vocab_multiple))
     table = {n: float(covered[min(n, vocab_size) - 1]) for n in (1024, 2048, 4096, 8192, 16384, size)}
     return order[:size].clone(), table
-
-
-def lr_at(s: DistillSettings, step: int, progress: float) -> float:
-    if step < s.warmup:
-        return s.lr * (step + 1) / s.warmup
-    return 0.5 * s.lr * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def head_logits(heads: Heads, lm_rows: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
@@ -254,8 +236,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
         if s.minutes and elapsed > s.minutes * 60:
             print(f"time budget reached at step {step}")
             break
-        progress = max((step - s.warmup) / max(1, s.steps - s.warmup), elapsed / (s.minutes * 60) if s.minutes else 0)
-        lr = lr_at(s, step, progress)
+        lr = lr_at(s, step, elapsed)
         for group in opt.param_groups:
             group["lr"] = lr
         idx = train_idx[torch.randint(0, train_idx.numel(), (s.batch_positions,), generator=gen)]
@@ -263,10 +244,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
         target = local_labels[idx].T  # (K, M), -1: outside the vocabulary or past the row
         losses = [F.cross_entropy(logits[k], target[k], ignore_index=-1) for k in range(s.num_heads)]
         loss = sum(losses) / s.num_heads
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, heads, loss)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")

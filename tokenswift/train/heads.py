@@ -148,15 +148,23 @@ def head_accuracy(model, heads: Heads, windows: list[torch.Tensor], bf16: bool) 
             for i in range(heads.num_heads)]
 
 
-def lr_at(s: HeadsTrainSettings, step: int, elapsed_s: float = 0.0) -> float:
+def lr_at(s, step: int, elapsed_s: float = 0.0) -> float:
     """Linear warm-up, then cosine to zero over the run, whose progress is the larger of the step
-    fraction and (with a time budget) the elapsed-time fraction."""
+    fraction and (with a time budget) the elapsed-time fraction. `s` has lr, warmup, steps and minutes."""
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
     progress = (step - s.warmup) / max(1, s.steps - s.warmup)
     if s.minutes:
         progress = max(progress, elapsed_s / (s.minutes * 60))
     return 0.5 * s.lr * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def optimizer_step(opt: torch.optim.Optimizer, heads: Heads, loss: torch.Tensor) -> None:
+    """Backward, gradient clipping at norm 1 and one step: the heads trainers' update."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+    opt.step()
 
 
 def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str | None = None,
@@ -214,10 +222,7 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
         h0 = last_layer_hidden(model, ids, s.bf16)
         losses = head_losses(model, heads, h0, ids, s.distill)
         loss = sum(losses) / len(losses)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, heads, loss)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", per_head=" ".join(f"{x.item():.2f}" for x in losses))
