@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tokenswift import Generator
-from tokenswift.bench_bonus_head import BonusHead, coverage, hidden_states, train_head
+from tokenswift.bench.bonus_head import BonusHead, coverage, hidden_states, train_head
 
 pytestmark = pytest.mark.slow  # a benchmark on the shipped default model
 

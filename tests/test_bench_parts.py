@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenswift import bench, generator
+from tokenswift import generator
 from tokenswift.adapter import ModelAdapter
-from tokenswift.bench_parts import PARTS, parts
+from tokenswift.bench import cli as bench
+from tokenswift.bench.parts import PARTS, parts
 from tokenswift.native import decide
 
 pytestmark = pytest.mark.slow  # a benchmark on the shipped default model

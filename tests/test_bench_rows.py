@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenswift import bench, lean
-from tokenswift.bench_rows import rows
+from tokenswift import lean
+from tokenswift.bench import cli as bench
+from tokenswift.bench.rows import rows
 
 pytestmark = pytest.mark.slow  # a benchmark on the shipped default model
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import tokenswift as ts
-from tokenswift import bench_speed as bs
+from tokenswift.bench import report
+from tokenswift.bench import speed as bs
 
 from conftest import random_heads, tiny_model
 
@@ -51,9 +52,9 @@ def test_speed_results_structure(tmp_path):
     # outputs: JSON round trip, markdown table with one line per row, a plotly figure
     results = {"conditions": {"new_tokens": 20, "threads": 1, "model": "tiny"}, **res}
     json.loads(json.dumps(results, default=str))
-    table = bs.markdown_table(results)
+    table = report.markdown_table(results)
     assert table.count("\n| 48 |") == len(bs.ROWS)
-    assert len(bs.speed_figure(results).data) == 5
+    assert len(report.speed_figure(results).data) == 5
 
 
 def test_divergence_report_gives_position_and_gap():
@@ -81,7 +82,7 @@ def test_speed_without_hf_runs_our_methods_only():
     (row,) = res["rows"]
     assert {r["method"] for r in res["runs"]} == set(bs.OURS) | {bs.PAIRED}
     assert row["ratios"]["tokenswift-auto/ours-ar"] > 0 and row["lossless"]["tokenswift-auto"]["identical"]
-    table = bs.markdown_table({"conditions": {"new_tokens": 12, "threads": 1, "model": "tiny"}, **res})
+    table = report.markdown_table({"conditions": {"new_tokens": 12, "threads": 1, "model": "tiny"}, **res})
     assert table.count("\n| 48 |") == 1
 
 
@@ -98,5 +99,25 @@ def test_paired_runs_advance_ar_and_auto_in_turn_and_the_paper_tree_can_be_left_
         assert len(paired) == 2 and all(r["identical"] and r["new_tokens"] == 16 and r["ratio"] > 0 for r in paired)
         assert row["ratios"]["tokenswift-auto/ours-ar (paired)"] == row["medians"][bs.PAIRED]["ratio"]
         assert row["ratios"]["tokenswift-paper/ours-ar"] is None and "tokenswift-paper" not in row["lossless"]
-    table = bs.markdown_table({"conditions": {"new_tokens": 16, "threads": 1, "model": "tiny"}, **res})
+    table = report.markdown_table({"conditions": {"new_tokens": 16, "threads": 1, "model": "tiny"}, **res})
     assert table.count("\n| 48 |") == 2
+
+
+def test_the_chart_is_written_without_a_browser_and_says_how_to_get_one(tmp_path, monkeypatch):
+    """No browser path is assumed: without a Chromium on PATH (or a --browser that is not one), speed.html is
+    written, speed.png is skipped, and the line says what to install or pass."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no chromium, chromium-browser or google-chrome
+    found, why = report.find_browser()
+    assert found is None and "--browser" in why and "apt-get install -y chromium" in why
+    missing = tmp_path / "no-such-chromium"
+    found, why = report.find_browser(str(missing))
+    assert found is None and str(missing) in why
+    fake = tmp_path / "chromium"  # an executable of that name on PATH is the one used
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert report.find_browser() == (str(fake), "")
+
+    results = {"conditions": {"new_tokens": 4, "threads": 1, "model": "tiny"}, "rows": []}
+    line = report.write_png(report.speed_figure(results), tmp_path, browser=str(missing))
+    assert line.startswith("speed.png skipped:") and (tmp_path / "speed.html").exists()
+    assert not (tmp_path / "speed.png").exists()

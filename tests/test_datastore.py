@@ -85,7 +85,7 @@ def test_the_default_model_ships_its_datastore():
 
 
 def test_draft_hits_bench_reports_rates(tmp_path):
-    from tokenswift.bench import draft_hits
+    from tokenswift.bench.drafts import draft_hits
 
     line = ("She could not help thinking that Mr. Knightley was very much in the right, and that her father would "
             "be quite as well pleased to see them all again at Hartfield as he had ever been.\n")

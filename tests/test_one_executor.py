@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 
 import tokenswift as ts
-from tokenswift.bench import resident_mb
+from tokenswift.memory import resident_mb
 from tokenswift.serve.engine_process import EngineProcess
 from tokenswift.serve.limits import Limits
 from tokenswift.serve.models import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAME, Codecs

@@ -209,7 +209,7 @@ def test_best_occurrence_bound_follows_the_longest_known_continuation():
     """suffix-bound's bound for drafting from the text: at each position, the longest run that an earlier
     occurrence of the last token continues with, from known text only (a continuation reaching the end of the
     known text repeats its period); replayed as iterations that accept that run plus one token."""
-    from tokenswift.bench import best_matches, replay, row_cost_curve
+    from tokenswift.bench.drafts import best_matches, replay, row_cost_curve
 
     # prompt "1 2 3 9 1 2 4"; the output continues "1 2 4 1 2 4"
     prompt, out = [1, 2, 3, 9, 1, 2, 4], [1, 2, 4, 1, 2, 4]

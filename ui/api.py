@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from tokenswift import Settings
-from tokenswift.bench import peak_mb, resident_mb
+from tokenswift.memory import peak_mb, resident_mb
 from tokenswift.kinds import Method
 from tokenswift.serve.detok import IncrementalText
 from tokenswift.serve.runner import RunRequest

@@ -26,27 +26,23 @@ median of the per-repeat ratios.
 
 Greedy rows also check losslessness: TokenSwift's token ids against AR's, and at the first differing
 position the top-2 logit gap (after the penalty) from one extra HF forward ("near-tie" below 0.05).
-Writes results.json, table.md and speed.png (plotly, screenshotted by Playwright + Debian's chromium).
+The command (tokenswift/bench/cli.py) writes results.json, table.md and speed.png (tokenswift/bench/report.py: plotly,
+screenshotted by Playwright in a Chromium found on PATH or given by --browser); the conditions line comes from
+tokenswift/bench/conditions.py and the prompts from tokenswift/bench/prompts.py.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
-from typing import Callable
 
 import torch
 
-from .builtin import resolve_model
-from .kinds import Method
-from .settings import PAPER_SAMPLING, Settings
-from .tree import AUTO
+from ..kinds import Method
+from ..settings import PAPER_SAMPLING, Settings
+from ..tree import AUTO
 
 ROWS: dict[str, Settings] = {
     "greedy": Settings(temperature=0.0, penalty=1.0),
@@ -100,36 +96,6 @@ def methods_for(row: str, have_hf: set[str], paper: bool = True) -> list[str]:
     out += [m for m in HF_RUNS if HF_RUNS[m] in have_hf]
     if have_hf and ROWS[row].greedy:
         out.append(PLD)
-    return out
-
-
-# ---- prompts ----------------------------------------------------------------------------------------------
-def held_out_prompts(encode: Callable[[str], list[int]], contexts: list[int], corpus_dir: Path | None = None) -> dict[int, dict]:
-    """For each context length, the first `length` tokens of held-out text (the last 5% of each corpus file's
-    lines, `train.corpus.split_text`): Emma's held-out part when it is long enough, else the held-out parts
-    of several files concatenated (blank line between), Emma first, then the other Austen novels, then the
-    KJV, as many as the length needs."""
-    from .train.corpus import ALL_SOURCES, load_corpus, resolve_corpus_dir
-
-    corpus = load_corpus(resolve_corpus_dir(corpus_dir))
-    out: dict[int, dict] = {}
-    emma_ids = encode(corpus["emma"].val)
-    for length in sorted(set(contexts)):
-        if len(emma_ids) >= length:
-            out[length] = {"ids": emma_ids[:length], "files": ["emma"],
-                           "source": f"emma.txt held-out part (last 5% of lines, {len(emma_ids):,} tokens)"}
-            continue
-        used: list[str] = []
-        for name in ALL_SOURCES:
-            used.append(name)
-            ids = encode("\n\n".join(corpus[n].val for n in used))
-            if len(ids) >= length:
-                break
-        else:
-            raise ValueError(f"the corpus's held-out text has {len(ids):,} tokens, fewer than {length:,}")
-        out[length] = {"ids": ids[:length], "files": used,
-                       "source": (f"held-out parts (last 5% of lines) of {' + '.join(used)} concatenated "
-                                  f"(emma's alone has only {len(emma_ids):,} tokens)")}
     return out
 
 
@@ -196,7 +162,7 @@ def paired_generate(gen, ids: list[int], row: str, auto_tree: str, n: int, seed:
     timings, prefill excluded), auto / AR, and whether their tokens are identical."""
     import threading
 
-    from .serve.runner import RunRequest, interleave
+    from ..serve.runner import RunRequest, interleave
 
     settings = method_settings(row, "tokenswift-auto", auto_tree)  # AR reads the same sampling and ignores the tree
     request = RunRequest(ids, settings, n, seed, methods=(Method.TOKENSWIFT, Method.AR))
@@ -208,7 +174,7 @@ def paired_generate(gen, ids: list[int], row: str, auto_tree: str, n: int, seed:
     rates = {m: last[m].generated / last[m].elapsed_s if m in last and last[m].elapsed_s > 0 else 0.0 for m in tokens}
     auto_steps = last[Method.TOKENSWIFT].index + 1 if Method.TOKENSWIFT in last else 0
     return {"ar_tok_s": rates[Method.AR], "auto_tok_s": rates[Method.TOKENSWIFT],
-            "ratio": _ratio(rates[Method.TOKENSWIFT], rates[Method.AR]),
+            "ratio": ratio(rates[Method.TOKENSWIFT], rates[Method.AR]),
             "auto_mean_accepted": len(tokens[Method.TOKENSWIFT]) / max(1, auto_steps),
             "identical": tokens[Method.TOKENSWIFT] == tokens[Method.AR], "new_tokens": len(tokens[Method.AR])}
 
@@ -223,7 +189,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def top2_gap(model: torch.nn.Module, prompt: list[int], ar_tokens: list[int], pos: int, settings: Settings) -> dict:
     """Top-2 logit gap where AR chose ar_tokens[pos]: one forward of `model` over prompt + ar_tokens[:pos],
     the CTRL penalty over the last penalty_window tokens applied when the row has one."""
-    from .sampling import apply_penalty
+    from ..sampling import apply_penalty
 
     ids = list(prompt) + list(ar_tokens[:pos])
     with torch.no_grad():
@@ -356,7 +322,8 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is missing, nan or b is 0."""
     if a is None or b is None or not b or a != a or b != b:
         return None
     return a / b
@@ -391,13 +358,13 @@ def _summarize_row(context: int, row: str, prompt: list[int], methods: list[str]
                            "ratios": [r["ratio"] for r in paired], "identical": all(r["identical"] for r in paired),
                            "mean_accepted": _median([r["auto_mean_accepted"] for r in paired])}
     ratios = {
-        "ours-ar/hf-peer (wall)": _ratio(get("ours-ar", "wall_tok_s"), hf_peer["wall_tok_s"] if hf_peer else None),
-        "tokenswift-auto/ours-ar": _ratio(get("tokenswift-auto", "tok_s"), get("ours-ar", "tok_s")),
+        "ours-ar/hf-peer (wall)": ratio(get("ours-ar", "wall_tok_s"), hf_peer["wall_tok_s"] if hf_peer else None),
+        "tokenswift-auto/ours-ar": ratio(get("tokenswift-auto", "tok_s"), get("ours-ar", "tok_s")),
         "tokenswift-auto/ours-ar (paired)": get(PAIRED, "ratio"),
-        "tokenswift-paper/ours-ar": _ratio(get("tokenswift-paper", "tok_s"), get("ours-ar", "tok_s")),
-        "tokenswift-auto/hf-prompt-lookup (wall)": _ratio(get("tokenswift-auto", "wall_tok_s"), get(PLD, "wall_tok_s")),
-        "tokenswift-auto/ours-ar (wall)": _ratio(get("tokenswift-auto", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
-        "tokenswift-paper/ours-ar (wall)": _ratio(get("tokenswift-paper", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
+        "tokenswift-paper/ours-ar": ratio(get("tokenswift-paper", "tok_s"), get("ours-ar", "tok_s")),
+        "tokenswift-auto/hf-prompt-lookup (wall)": ratio(get("tokenswift-auto", "wall_tok_s"), get(PLD, "wall_tok_s")),
+        "tokenswift-auto/ours-ar (wall)": ratio(get("tokenswift-auto", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
+        "tokenswift-paper/ours-ar (wall)": ratio(get("tokenswift-paper", "wall_tok_s"), get("ours-ar", "wall_tok_s")),
     }
     settings = ROWS[row]
     lossless = {m: lossless_check(prompt, toks["ours-ar"], toks[m], settings, gap_models)
@@ -416,231 +383,6 @@ def _summarize_row(context: int, row: str, prompt: list[int], methods: list[str]
                      f"{hf_peer['dtype']} was faster")
     return {"context": context, "sampling": row, "medians": medians, "hf_peer": hf_peer, "pld_dtype": pld_dtype,
             "ratios": ratios, "lossless": lossless, "hf_vs_ours_ar_ids": hf_same, "notes": notes}
-
-
-# ---- output -----------------------------------------------------------------------------------------------
-def _fmt(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None or x != x else f"{x:.{digits}f}"
-
-
-def _lossless_cell(row: dict) -> str:
-    parts = []
-    for m, short in (("tokenswift-auto", "auto"), ("tokenswift-paper", "paper")):
-        if m not in row["lossless"]:
-            continue
-        c = row["lossless"][m]
-        if c["identical"]:
-            parts.append(f"{short} =")
-        else:
-            tie = ""
-            if "gaps" in c:
-                gaps = ", ".join(f"{g['gap']:.3f} {g['dtype']}" for g in c["gaps"])
-                tie = f", {'near-tie' if c['near_tie'] else 'NOT a near-tie'}: gap {gaps}"
-            parts.append(f"{short} ≠ @{c['first_diff']}{tie}")
-    return "; ".join(parts)
-
-
-def markdown_table(results: dict) -> str:
-    head = ["context", "sampling", "ours-ar", "tokenswift-auto", "tokenswift-paper", "hf-bf16", "hf-fp32",
-            "hf-prompt-lookup", "ar / hf-peer (wall)", "auto / ar", "auto / ar (paired)", "paper / ar",
-            "auto / PLD (wall)", "ids vs ours-ar"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 11 + ["---"]) + "|"]
-    for row in results["rows"]:
-        med = row["medians"]
-        cells = [f"{row['context']:,}", row["sampling"]]
-        for m in OURS:
-            x = med.get(m)
-            cell = f"{_fmt(x['tok_s'])} / {_fmt(x['wall_tok_s'])}" if x else "–"
-            if x and m != "ours-ar":
-                cell += f" ({x['mean_accepted']:.2f}/it)"
-            cells.append(cell)
-        for m in ("hf-bf16", "hf-fp32"):
-            x = med.get(m)
-            peer = row["hf_peer"] and row["hf_peer"]["method"] == m
-            cells.append(("**" + _fmt(x["wall_tok_s"]) + "**" if peer else _fmt(x["wall_tok_s"])) if x else "–")
-        x = med.get(PLD)
-        if x is None:
-            cells.append("–")
-        elif "skipped" in x:
-            cells.append("skipped (sampled)")
-        else:
-            cells.append(f"{_fmt(x['wall_tok_s'])} ({x['dtype'].replace('bfloat16', 'bf16').replace('float32', 'fp32')})")
-        r = row["ratios"]
-        cells += [_fmt(r[k], 2) for k in ("ours-ar/hf-peer (wall)", "tokenswift-auto/ours-ar",
-                                          "tokenswift-auto/ours-ar (paired)", "tokenswift-paper/ours-ar",
-                                          "tokenswift-auto/hf-prompt-lookup (wall)")]
-        ids = _lossless_cell(row)
-        if PAIRED in med and not med[PAIRED]["identical"]:
-            ids += "; paired ≠"
-        cells.append(ids)
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "tok/s, medians over repeats. Our methods: compute-only tok/s (engine's own compute, prefill excluded) / "
-        "wall tok/s (prefill included); TokenSwift adds tokens per iteration. HF columns: wall tok/s including "
-        "prefill (bold: hf-peer, the faster dtype). `ar / hf-peer` and `auto / PLD` compare wall times "
-        "(both sides include prefill); `auto / ar` and `paper / ar` compare compute-only tok/s. `auto / ar (paired)`: "
-        "the median over repeats of auto / AR with both advanced in turn in one run (the host's drift hits both alike).",
-        f"Penalty rows: {PENALTY_NOTE}. Ids: `=` identical to ours-ar in every repeat, `≠ @i` first differing "
-        f"position, with the top-2 logit gap of AR's logits there after the penalty (near-tie below {NEAR_TIE}).",
-    ]
-    return "\n".join(lines)
-
-
-def speed_figure(results: dict):
-    import plotly.graph_objects as go
-
-    labels = [f"{r['context']:,} · {r['sampling']}" for r in results["rows"]]
-    series = [("tokenswift-auto (compute)", "tokenswift-auto/ours-ar"),
-              ("tokenswift-auto (paired)", "tokenswift-auto/ours-ar (paired)"),
-              ("tokenswift-paper (compute)", "tokenswift-paper/ours-ar"),
-              ("hf-peer (wall)", "ours-ar/hf-peer (wall)"),
-              ("hf-prompt-lookup (wall)", None)]
-    fig = go.Figure()
-    for name, key in series:
-        ys = []
-        for r in results["rows"]:
-            if key == "ours-ar/hf-peer (wall)":
-                v = r["ratios"][key]
-                ys.append(1 / v if v else None)
-            elif key is None:  # PLD vs ours-ar, wall
-                pld = r["medians"].get(PLD, {}).get("wall_tok_s")
-                ys.append(_ratio(pld, r["medians"]["ours-ar"]["wall_tok_s"]))
-            else:
-                ys.append(r["ratios"][key])
-        fig.add_bar(name=name, x=labels, y=ys, text=[_fmt(y, 2) if y is not None else "" for y in ys],
-                    textposition="outside")
-    c = results.get("conditions", {})
-    fig.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="ours-ar = 1")
-    fig.update_layout(
-        title=(f"Speed vs ours-ar ({c.get('new_tokens', '?')} new tokens, {c.get('threads', '?')} thread(s), "
-               f"{c.get('model', '')}): TokenSwift over compute-only time, HF over wall time incl. prefill"),
-        barmode="group", yaxis_title="speedup vs ours-ar (x)", xaxis_title="context tokens · sampling",
-        width=1200, height=600, template="plotly_white", legend=dict(orientation="h", y=-0.2))
-    return fig
-
-
-def write_png(fig, out_dir: Path, chromium: str = "/usr/bin/chromium") -> str:
-    """speed.html (plotly, offline) and its screenshot speed.png. Returns a line saying what happened."""
-    html = out_dir / "speed.html"
-    fig.write_html(str(html), include_plotlyjs=True, full_html=True)
-    if not os.path.exists(chromium):
-        return (f"speed.png skipped: no Chromium at {chromium} (apt-get install -y chromium); "
-                f"the chart is in {html}")
-    try:
-        from playwright.sync_api import sync_playwright
-
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 700})
-                page.goto(html.resolve().as_uri())
-                page.wait_for_selector(".plotly-graph-div .main-svg", timeout=30_000)
-                page.locator(".plotly-graph-div").first.screenshot(path=str(out_dir / "speed.png"))
-            finally:
-                browser.close()
-    except Exception as e:  # noqa: BLE001 - a chart must not cost the numbers
-        return f"speed.png skipped: {type(e).__name__}: {e}; the chart is in {html}"
-    return f"wrote {out_dir / 'speed.png'}"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
-    import transformers
-
-    params = sum(p.numel() for p in gen.model.parameters())
-    heads = sum(p.numel() for p in gen.heads.parameters()) if gen.heads is not None else 0
-    return {
-        "threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "cpu": cpu_model(), "cpus_online": os.cpu_count(), "cpu_kind": _cpu_kind(), "kernels": _kernels(),
-        "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
-        "engine_compute": _engine_compute(gen),
-        "datastore_contexts": len(gen.datastore) if gen.datastore is not None else 0,
-        "prompts": {str(k): {"tokens": len(v["ids"]), "source": v["source"]} for k, v in prompts.items()},
-        "rows": {row: ROWS[row].to_dict() for row in args_like.get("rows", ROWS)},
-        "hf_kwargs": {row: hf_kwargs(row) for row in args_like.get("rows", ROWS)},
-        "paper_tree": PAPER_TREE, "prompt_lookup": PLD_ARGS, "penalty_note": PENALTY_NOTE,
-        "timing": ("ours: tok_s = Result.stats tokens_per_s (engine compute, prefill excluded), wall_tok_s = "
-                   "new tokens / wall time of generate (prefill included); HF: wall only"),
-        **args_like,
-    }
-
-
-def _cpu_kind() -> str:
-    from .native import build
-
-    return build.cpu_kind()
-
-
-def _kernels() -> str:
-    from .native import panels
-
-    return panels.describe()
-
-
-def _engine_compute(gen) -> str:
-    lean = gen.adapter.lean
-    if lean is None:
-        return "through the model's own modules"
-    from .native import build, decide, panels, rows_attention
-
-    kinds = sorted(set(lean.dtypes.values()))
-    if lean.native_rows and rows_attention.available() and decide.available():
-        native = "native few-row matmul, attention and decision kernels"
-    elif lean.native_rows and rows_attention.available():
-        native = f"native few-row matmul and attention kernels (decisions through PyTorch: {build.why_not('decide_rows')})"
-    elif lean.native_rows:
-        native = f"native few-row matmul kernel (attention through PyTorch: {build.why_not('attend_rows')})"
-    else:
-        native = f"PyTorch matmuls and attention ({panels.why_unavailable() or 'native kernels not used'})"
-    if lean.native_stack is not None:
-        native += ", the decoder stack of up to 16 new tokens in one native call"
-    if lean.native_rows and lean.head.panels.kind == 1:
-        kinds = [f"{'/'.join(kinds)} arithmetic on bfloat16-exact"]  # AMX tiles over the checkpoint's bfloat16 weights
-        native += " (AMX tiles over bfloat16 weights, float32 inputs split into exact bfloat16 parts)"
-    elif lean.native_rows and lean.head.panels.kind == 2:
-        native += " (bfloat16 weight panels widened to float32 in registers: float32 panels' products)"
-    return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache, {native}"
-
-
-def print_conditions(c: dict) -> None:
-    print(f"threads: {c['threads']} torch thread(s) (OMP_NUM_THREADS={c['OMP_NUM_THREADS']}); "
-          f"CPU: {c['cpu']} ({c['cpus_online']} online), kind: {c.get('cpu_kind', '?')}; {c.get('kernels', '')}")
-    print(f"torch {c['torch']}, transformers {c['transformers']}, python {c['python']}")
-    print(f"model: {c['model']}: {c['model_params'] / 1e6:.1f}M params + heads {c['head_params'] / 1e6:.2f}M; "
-          f"checkpoint {c['engine_dtype']}, our engine computes {c['engine_compute']}; "
-          f"HF copies in {', '.join(c['hf_dtypes']) or 'none'}")
-    for k, v in c["prompts"].items():
-        print(f"prompt {int(k):,} tokens: {v['source']}")
-    print(f"new tokens: {c['new_tokens']}, repeats: {c['repeats']} (method order rotated per repeat, then ours-ar and "
-          f"tokenswift-auto paired), seed {c['seed']}")
-    paper = PAPER_TREE if c.get("paper_tree", True) else "left out (--no-paper)"
-    print(f"tokenswift-auto tree: {c['auto_tree']!r} (datastore of continuations: {c.get('datastore_contexts', 0):,} contexts); "
-          f"tokenswift-paper: {paper}")
-    print(f"rows: {', '.join(c['rows'])}; note: {PENALTY_NOTE}")
-
-
-def headline(results: dict) -> list[str]:
-    out = []
-    for row in results["rows"]:
-        r = row["ratios"]
-        parts = [f"{k} {_fmt(r[k], 2)}x" for k in RATIO_KEYS[:5] if r[k] is not None]
-        out.append(f"{row['context']:,} {row['sampling']}: " + ", ".join(parts))
-        for note in row["notes"]:
-            if note != PENALTY_NOTE:
-                out.append(f"    note: {note}")
-    return out
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -665,60 +407,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only our methods (AR, auto, paper tree): a shorter side-by-side check of auto / AR")
     p.add_argument("--no-paper", action="store_true",
                    help="leave the paper's tree out (at 16K context it takes about 6x the time of AR)")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
-    from .generator import Generator
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        method_settings("greedy", "tokenswift-auto", args.auto_tree)
-    except ValueError as e:
-        print(f"--auto-tree {args.auto_tree!r} is not accepted by this engine ({e}); try e.g. --auto-tree small",
-              file=sys.stderr)
-        return 2
-    model_dir = resolve_model(args.model)  # a built-in name -> its fetched folder, for HF's loads too
-    gen = Generator.from_pretrained(model_dir, dtype=args.dtype)
-    hf_models = {} if args.no_hf else load_hf_models(model_dir)
-    prompts = held_out_prompts(gen.encode, args.contexts, Path(args.corpus) if args.corpus else None)
-    prompts = {k: prompts[k] for k in args.contexts}
-    cond = conditions(gen, {"model": args.model, "new_tokens": args.tokens, "repeats": args.repeats,
-                            "auto_tree": args.auto_tree, "seed": args.seed, "rows": list(args.rows),
-                            "paper_tree": not args.no_paper,
-                            "contexts": list(args.contexts), "hf_dtypes": list(hf_models),
-                            "pld_dtype": args.pld_dtype or "faster HF dtype of each row's first repeat"}, prompts)
-    print_conditions(cond)
-    sys.stdout.flush()
-    t = time.perf_counter()
-    results = run_speed(gen, hf_models, {k: v["ids"] for k, v in prompts.items()}, list(args.rows), args.tokens,
-                        args.repeats, args.auto_tree, args.seed, args.pld_dtype, progress=not args.no_progress,
-                        paper=not args.no_paper)
-    cond["bench_wall_s"] = round(time.perf_counter() - t, 1)
-    results = {"benchmark": "speed", "conditions": cond, **results}
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    table = markdown_table(results)
-    (out / "table.md").write_text(table + "\n")
-    png = write_png(speed_figure(results), out)
-    print()
-    print("\n".join(headline(results)))
-    print(f"wrote {out / 'results.json'}, {out / 'table.md'}; {png}")
-    print()
-    print(table)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokenswift.bench speed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    p.add_argument("--browser", default=None, help="a Chromium to screenshot speed.png with (default: chromium, "
+                   "chromium-browser or google-chrome on PATH; without one only speed.html is written)")

@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import torch
 
-from . import lean as lean_module
+from .. import lean as lean_module
 
 WARMUP = 3  # rounds not counted
 
@@ -74,9 +74,9 @@ def rows(model: str, text_path: str, context: int, row_counts: list[int], repeat
 
 
 def _rows(model: str, text_path: str, context: int, row_counts: list[int], repeats: int) -> dict:
-    from .generator import PREFILL_CHUNK, Generator
-    from .kv_cache import KVCache
-    from .train.corpus import split_text
+    from ..generator import PREFILL_CHUNK, Generator
+    from ..kv_cache import KVCache
+    from ..train.corpus import split_text
 
     gen = Generator.from_pretrained(model)
     lean, a = gen.adapter.lean, gen.adapter

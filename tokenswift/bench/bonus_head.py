@@ -58,8 +58,8 @@ class BonusHead(nn.Module):
 def hidden_states(gen, ids: list[int], window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced over windows of `window` tokens: (n, H) float32 hidden states before the final norm and
     (n,) the model's argmax at each position (no penalty)."""
-    from .generator import PREFILL_CHUNK
-    from .kv_cache import KVCache
+    from ..generator import PREFILL_CHUNK
+    from ..kv_cache import KVCache
 
     a, lean = gen.adapter, gen.adapter.lean
     hs, picks = [], []
@@ -115,8 +115,8 @@ def coverage(gen, head: BonusHead, prompt: list[int], out: list[int]) -> dict:
     """Along prompt + out (our AR's continuation): at each output position whose token x_{t+2} follows a known
     bonus x_{t+1}, the share where each first guess is right: the head's (depth 1, and depths 1 and 2), the
     suffix match's, the datastore's, either of those two, any of the three, and the head alone."""
-    from .kinds import Source
-    from .suffix import SuffixIndex
+    from ..kinds import Source
+    from ..suffix import SuffixIndex
 
     seq = prompt + out
     hidden, _ = hidden_states(gen, seq, len(seq))
@@ -147,11 +147,11 @@ def coverage(gen, head: BonusHead, prompt: list[int], out: list[int]) -> dict:
 
 def bonus_head(model: str, train_tokens: int, epochs: int, penalty: float, context: int, tokens: int,
                seed: int = 0) -> dict:
-    from .bench_speed import held_out_prompts
-    from .generator import Generator
-    from .kinds import Method
-    from .settings import Settings
-    from .train.corpus import AUSTEN_SOURCES, load_corpus, resolve_corpus_dir
+    from .prompts import held_out_prompts
+    from ..generator import Generator
+    from ..kinds import Method
+    from ..settings import Settings
+    from ..train.corpus import AUSTEN_SOURCES, load_corpus, resolve_corpus_dir
 
     gen = Generator.from_pretrained(model)
     if gen.adapter.lean is None:

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import torch
 
-from .kinds import Method
+from ..kinds import Method
 
 # label -> (dotted owner, attribute). Labels with a dot are parts of the part before the dot (not summed twice).
 PARTS: dict[str, tuple[str, str]] = {
@@ -100,8 +100,8 @@ def parts(model: str, row: str, context: int, tokens: int, repeats: int, detail:
 
 
 def _prompt(gen, context: int, text_path: str | None) -> list[int]:
-    from .bench_speed import held_out_prompts
-    from .train.corpus import split_text
+    from .prompts import held_out_prompts
+    from ..train.corpus import split_text
 
     if text_path is None:
         return held_out_prompts(gen.encode, [context])[context]["ids"]
@@ -111,9 +111,9 @@ def _prompt(gen, context: int, text_path: str | None) -> list[int]:
 
 def _parts(model: str, row: str, context: int, tokens: int, repeats: int, detail: bool,
            text_path: str | None) -> dict:
-    from .bench_speed import ROWS
-    from .generator import Generator
-    from .tree import AUTO
+    from .speed import ROWS
+    from ..generator import Generator
+    from ..tree import AUTO
 
     gen = Generator.from_pretrained(model)
     gen.warm_up()
