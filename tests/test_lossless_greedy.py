@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import tokenswift as ts
+from tokenswift.auto import choose
 
 from conftest import FAMILIES, NATIVE_FAMILY, ROOT, native_stack_or_skip, random_heads, tiny_model
 
@@ -106,7 +107,7 @@ FAST_CONFIGS = {(NATIVE_FAMILY, i) for i in range(len(CONFIGS))} | {
 @pytest.mark.parametrize("family,config", cases(ALL_FAMILIES, list(CONFIGS), FAST_CONFIGS))
 def test_tokenswift_equals_hf(family, config, monkeypatch):
     if config == "auto":  # rows as if free: auto verifies every candidate it merged (random heads rarely pay)
-        monkeypatch.setattr("tokenswift.generator.choose", eager_choose)
+        monkeypatch.setattr("tokenswift.auto.choose", eager_choose)
     model, gen, prompt, hf = setup(family)
     check_native(family, gen)
     result = gen.generate(prompt, ts.Settings(**CONFIGS[config]), NEW)
@@ -117,13 +118,16 @@ def test_tokenswift_equals_hf(family, config, monkeypatch):
 PENALTY = dict(penalty=1.3, penalty_window=64)
 
 
+REAL_CHOOSE = choose  # the planner's rule itself (tests patch tokenswift.auto.choose with eager_choose)
+
+
 def eager_choose(reach, depths, costs, max_rows=None, calibration=1.0):
     """auto's planner on a machine where verifying rows costs nothing: keeps every candidate."""
     from tokenswift import auto
 
     flat = auto.CostModel()
     flat.rows, flat.seconds = [1, auto.MAX_ROWS], [1.0, 1.0]
-    return auto.choose(reach, depths, flat, auto.MAX_ROWS, 1.0, min_gain=1.0)
+    return REAL_CHOOSE(reach, depths, flat, auto.MAX_ROWS, 1.0, min_gain=1.0)
 
 
 PENALTY_CASES = [(True, "dynamic", "paper", "1x3x3x3"), (False, "full", "paper", "1x3x3x3"),
@@ -137,7 +141,7 @@ FAST_PENALTY = {(NATIVE_FAMILY, 0), (NATIVE_FAMILY, 4), ("llama-mha", 1), ("llam
     ALL_FAMILIES, PENALTY_CASES, FAST_PENALTY, ids=["-".join(map(str, case)) for case in PENALTY_CASES]))
 def test_tokenswift_equals_ar_with_penalty(family, reuse, kv_mode, draft, tree, monkeypatch):
     if tree == "auto":  # rows as if free, so that auto verifies every candidate it merged (random heads rarely pay)
-        monkeypatch.setattr("tokenswift.generator.choose", eager_choose)
+        monkeypatch.setattr("tokenswift.auto.choose", eager_choose)
     model, gen, prompt, _ = setup(family)
     check_native(family, gen)
     ar = gen.generate(prompt, ts.Settings(**PENALTY), NEW, method="ar").token_ids
@@ -151,7 +155,7 @@ def test_tokenswift_equals_ar_with_penalty(family, reuse, kv_mode, draft, tree, 
 
 def test_ngram_only_generator_is_lossless(monkeypatch):
     """No heads at all: drafts come only from reused n-grams (and, under auto, suffix matches)."""
-    monkeypatch.setattr("tokenswift.generator.choose", eager_choose)
+    monkeypatch.setattr("tokenswift.auto.choose", eager_choose)
     model, _, prompt, hf = setup("llama-gqa")
     gen = ts.Generator(model)
     for tree in ("1x3x3x3", "auto"):
@@ -165,7 +169,7 @@ OFF_CODE = """
 import json, torch, tokenswift as ts, tokenswift.generator
 from tokenswift.native import panels
 import test_lossless_greedy as T
-tokenswift.generator.choose = T.eager_choose  # as the auto cases here: rows as if free
+tokenswift.auto.choose = T.eager_choose  # as the auto cases here: rows as if free
 model = T.tiny_model("llama-gqa", seed=11)
 gen = ts.Generator(model, heads=T.random_heads(model))
 prompt = torch.randint(0, 256, (T.PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()

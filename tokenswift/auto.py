@@ -23,9 +23,22 @@ context), so the tree must be sized by what the machine charges and what the dra
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
+
+import torch
+
+from . import events as ev
+from .datastore import ORDERS as DATASTORE_ORDERS
+from .drafters import DraftingModel, Proposal, ReuseIndex, fused_input
+from .kinds import PartialMode, Source
+from .partial_cache import PartialKVCache
+from .run_state import RunState
+from .settings import Settings
+from .tree import DraftTree, build_head_paths, parse_tree, tree_widths
+from .verifier import Verdict, Verifier
 
 PROBE_ROWS = (1, 3, 6, 12)  # rows timed by a probe; costs in between are interpolated, beyond extrapolated. Where
 #                            the products take rows in passes of 3 (AVX2), 1-3 rows cost about one and 4 a step more:
@@ -45,6 +58,24 @@ MIN_REACH = 0.01  # candidates the walk would reach and accept with less than th
 PRIOR_STEPS = 9  # plain steps whose median time scales the prior curve until the first probe
 REPROBE_GROWTH = 2.0  # re-probe when the context has grown by this factor since the last probe ...
 REPROBE_MIN_TOKENS = 2048  # ... and by at least this many tokens (short contexts cost about the same)
+AUTO_HEAD_TREE = "3x1x1"  # the head candidates auto may draw from (it keeps only those that pay; measured:
+#                           it rarely keeps more than 10 nodes, and every offered node costs Python time)
+PLANNER_REST_LOG2 = 5  # the planner rests at most 2**5 iterations after plans that kept nothing
+HEAD_REST_LOG2 = 6  # unused heads are consulted at least every 2**6 iterations (a consult, three head blocks and three
+#                     LM-head rows, costs about 0.2 ms in the decode loop through the native heads, 0.8 ms without;
+#                     at paper sampling they rarely pay: consulting at least every 2**3 measured the same, 0.989
+#                     against 0.991 in the app-like check)
+HEAD_CHEAP_RATIO = 20  # a consult costing at most 1/20 of a one-row step is not backed off. Measured here (AMX host,
+#                        the page's story, greedy + penalty 1.2): SmolLM2-135M's consult 0.80 ms against a 27.7 ms
+#                        step, now every iteration: 1.20 -> 1.32 tokens per iteration, 1.09 -> 1.15x over 400 tokens;
+#                        the default model's 0.26 ms against 3.6 ms keeps the backoff
+AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
+PROBE_AFTER = 16  # iterations before the first cost probe: until then plans price rows by the prior curve
+SAMPLED_PRIOR_SCALE = 0.5  # suffix and 4-gram priors when sampling (the stats replace them within a few visits)
+SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
+DATASTORE_DRAFT = 4  # longest datastore chain offered to auto (measured: deeper links rarely survive)
+DATASTORE_CONTEXT = max(DATASTORE_ORDERS)  # tokens of context a datastore lookup reads
+PRIOR_CAP = 0.9  # no prior rate reaches 1 (a child must never look likelier than its parent)
 
 
 class AcceptanceStats:
@@ -241,3 +272,222 @@ def choose(reach: list[float], depths: list[int], costs: CostModel, max_rows: in
         best_q, best_tokens, best_s = 0, 1.0, plain_s
     note = f"{best_q} nodes: expected {best_tokens:.2f} tokens for {best_s / prices[1]:.2f} steps"
     return Plan(order[:best_q], best_tokens, note)
+
+
+@dataclass
+class Rest:
+    """A backoff: consecutive idle uses, and the first iteration at which the thing is used again."""
+    idle: int = 0
+    next: int = 0
+
+
+class AutoDrafter:
+    """`tree="auto"`: every proposal (suffix match, datastore, fused heads, 4-grams) in one candidate trie, each node
+    rated by its kind's measured acceptance, pruned to the best expected tokens per second (`choose`); drafting
+    always fused (no draft forward: on a CPU it costs about an AR step, measured). Learns from each verdict."""
+    wants_queries = False
+    partial: PartialKVCache | None = None
+    max_nodes = MAX_ROWS + max(PROBE_ROWS)
+
+    def __init__(self, gen: DraftingModel, settings: Settings) -> None:
+        heads = gen.heads
+        self.paths = [p for p in parse_tree(AUTO_HEAD_TREE) if len(p) <= heads.num_heads] if heads is not None else []
+        self.widths = tree_widths(self.paths)
+        self.head_drafts = gen.head_drafts
+        self.input = fused_input(gen) if heads is not None else None  # the heads' input: None without heads
+        self.partial_mode = PartialMode.FUSED if heads is not None else PartialMode(settings.kv_mode)
+        reuse = settings.ngram_reuse
+        self.reuse = ReuseIndex(ngrams=reuse and settings.ngram_topk > 0, suffix=reuse)
+        self.datastore = gen.datastore if reuse else None
+        lean = gen.adapter.lean
+        stack = lean.native_stack if lean is not None else None
+        # never plans past the native stack's limit: the cost model cannot see the step to the PyTorch path
+        self.max_rows = min(MAX_ROWS, stack.max_tokens) if stack is not None else MAX_ROWS
+        self.costs = CostModel(PRIOR_SHAPE_NATIVE if lean is not None and lean.native_rows else PRIOR_SHAPE)
+        self.stats, self.calibration, self.payoff = AcceptanceStats(), Calibration(), Payoff()
+        # a sampled token equals a draft with the target's probability of that draft: lower priors than greedy's
+        self.prior_scale = 1.0 if settings.greedy else SAMPLED_PRIOR_SCALE
+        self.planner_rest, self.heads_rest = Rest(), Rest()  # plans that kept nothing; consults no token came from
+        self.probe_rows: Callable[[int], None] | None = None
+
+    def start(self, state: RunState, verifier: Verifier, queries: list[torch.Tensor]) -> None:
+        self.reuse.update(state.ids)
+        self.probe_rows = verifier.probe_rows
+
+    def propose(self, state: RunState) -> Proposal:
+        last = state.ids[-1]
+        root = DraftTree.with_root(last)
+        if not self.costs.rows:  # the first iteration: an AR-cost step, which also measures the one-row cost
+            return Proposal(root, plain=True, note="0 nodes: measuring this machine's step", keys=[[]])
+        if state.iteration < self.planner_rest.next:  # nothing paid lately: rest (its Python costs ~6% of a step)
+            return Proposal(root, plain=True, keys=[[]],
+                            note=f"0 nodes: no draft paid in the last {self.planner_rest.idle} plans")
+        cand = DraftTree.with_root(last)
+        rates, keys, reach = [1.0], [[]], [1.0]
+        self.reuse.update(state.ids)
+        scale = self.calibration.factor * self.payoff.factor
+        # a node whose walk probability (times the scale) is below MIN_REACH could never pay for its row, and its
+        # descendants are less likely still: a proposal is cut there (at temperature 1 most chains end within
+        # a node or two, so planning stays cheap; greedy chains are likely and go on)
+        floor = MIN_REACH / max(scale, 1e-9)
+        rate_of, children, add_node = self.stats.rate, cand.children, cand.add_node
+
+        def link(node: int, token: int, source: str, prob: float, kind: tuple, prior: float) -> int | None:
+            """The child of `node` for this proposed token (made if new and likely enough), or None where cut."""
+            rate = rate_of(kind, prior)
+            child = children[node].get(token)
+            if child is None:
+                likely = reach[node] * rate
+                if likely < floor:
+                    return None
+                child = add_node(node, token, source, prob)
+                rates.append(rate)
+                keys.append([kind])
+                reach.append(likely)
+            else:  # merged proposals: the larger rate (reach is recomputed from the final rates below)
+                if rate > rates[child]:
+                    rates[child] = rate
+                keys[child].append(kind)
+            return child
+
+        def add(tokens: list[int], source: str, probs: list[float], kinds: list[tuple], priors: list[float]) -> None:
+            node: int | None = 0
+            for i, token in enumerate(tokens):
+                node = link(node, token, source, probs[i], kinds[i], priors[i])
+                if node is None:
+                    return
+
+        suffix, ngrams = self.reuse.suffix, self.reuse.ngrams
+        if suffix is not None:
+            m, cont = suffix.lookup(SUFFIX_DRAFT)
+            if cont:
+                prior = (0.6 if m >= 3 else 0.3) * self.prior_scale
+                add(cont, Source.NGRAM, [1.0] * len(cont), _suffix_kinds(m), [prior] * len(cont))
+        if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
+            context = state.ids[-DATASTORE_CONTEXT:]  # runner-up continuation at depth 1
+            node = 0
+            for depth in range(1, DATASTORE_DRAFT + 1):
+                order, found = self.datastore.lookup(context)
+                if not found:
+                    break
+                if depth == 1:
+                    for token, share in found[1:]:
+                        link(0, token, Source.NGRAM, share, (Source.DATASTORE, order, _prob_bucket(share), 1),
+                             min(PRIOR_CAP, share * self.prior_scale))
+                token, share = found[0]
+                node = link(node, token, Source.NGRAM, share, (Source.DATASTORE, order, _prob_bucket(share), min(depth, 3)),
+                            min(PRIOR_CAP, share * self.prior_scale))
+                if node is None:  # cut: the next links would be less likely still
+                    break
+                context = context[1:] + [token]
+        consult_heads = bool(self.paths) and self.input.hidden is not None and state.iteration >= self.heads_rest.next
+        consult_s = 0.0
+        if consult_heads:
+            t_consult = time.perf_counter()
+            cands, cprobs = self.head_candidates()
+            consult_s = time.perf_counter() - t_consult
+            for tokens, p in build_head_paths(cands, cprobs, self.paths):
+                add(tokens, Source.HEAD, p, [(Source.HEAD, d + 1, _prob_bucket(q)) for d, q in enumerate(p)], p)
+        if ngrams is not None:
+            found = ngrams.top(last, AUTO_NGRAMS)
+            total = sum(c for _, c in found) or 1
+            for cont, count in found:
+                share = count / total
+                add(list(cont), Source.NGRAM, [share] * len(cont), _ngram_kinds(_prob_bucket(share), len(cont)),
+                    [0.3 * share * self.prior_scale] * len(cont))
+
+        for i in range(1, len(cand)):  # from the final (merged) rates
+            reach[i] = reach[cand.parents[i]] * rates[i]
+        plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
+        probe_s = 0.0
+        if plan.keep and state.iteration >= PROBE_AFTER and self.costs.needs_probe(len(state.ids)):
+            # drafting looks worth it, and the acceptance rates rest on some evidence: measure, then decide
+            t = time.perf_counter()
+            self.costs.probe(self.probe_rows, len(state.ids))
+            probe_s = time.perf_counter() - t
+            plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
+        tree = DraftTree.with_root(last)
+        node_of = {0: 0}
+        kept_keys: list[list] = [[]]
+        for i in plan.keep:
+            node_of[i] = tree.add_node(node_of[cand.parents[i]], cand.tokens[i], cand.sources[i], cand.draft_probs[i])
+            kept_keys.append(keys[i])
+        self._rest(state.iteration, bool(plan.keep), consult_s if consult_heads else None)
+        return Proposal(tree, plain=len(tree) == 1, note=plan.note, keys=kept_keys,
+                        expected=sum(reach[i] for i in plan.keep), probe_s=probe_s)
+
+    def _rest(self, iteration: int, kept: bool, consult_s: float | None) -> None:
+        """Plans that keep nothing in a row: after the second, the planner rests 1, 2, 4, ... then at most 32
+        iterations. Heads whose tokens are not accepted are consulted after 2, 4, 8, ... then every 64 iterations
+        (an accepted head token, seen after the verification, resets that), unless a consult is cheap against a
+        step (a large model's): then every iteration, as its rates are measured only where its nodes are verified."""
+        rest = self.planner_rest
+        rest.idle = 0 if kept else rest.idle + 1
+        rest.next = iteration + (2 ** min(rest.idle - 2, PLANNER_REST_LOG2) if rest.idle >= 2 else 1)
+        if consult_s is not None:  # the heads were consulted, in consult_s seconds
+            heads = self.heads_rest
+            heads.idle += 1
+            step_s = self.costs.seconds[0] if self.costs.seconds else 0.0
+            cheap = consult_s * HEAD_CHEAP_RATIO <= step_s
+            heads.next = iteration + (1 if cheap else 2 ** min(heads.idle, HEAD_REST_LOG2))
+
+    def head_candidates(self) -> tuple[list[list[int]], list[list[float]]]:
+        """Ranked tokens and their probabilities per depth: the raw heads over the drafting vocabulary (their rates
+        are measured), from the fused hidden state (`Generator.head_drafts`)."""
+        cands, cprobs = self.head_drafts(self.input.hidden, len(self.widths), max(self.widths))
+        return [c[:w] for c, w in zip(cands, self.widths)], [p[:w] for p, w in zip(cprobs, self.widths)]
+
+    def plain_events(self, root: int, token: int, detail: bool) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode]]:
+        """A plain step: the root's own token is the bonus."""
+        nodes = [ev.TreeNode(root, -1, 0, Source.ROOT, 1.0, True, None, token)] if detail else []
+        return [ev.AcceptedToken(token, Source.BONUS, 1)], nodes
+
+    def observe_plain(self, state: RunState, proposal: Proposal, h: torch.Tensor, timings: ev.Timings) -> None:
+        """A plain step keeps the heads' input current and the one-row cost (every plan's yardstick) measured."""
+        if self.input is not None:
+            self.input.keep(h, 0)
+        probe_s = proposal.probe_s
+        self.costs.observe(1, timings.verify_s, timings.draft_s - probe_s + timings.bookkeeping_s)
+        self.calibration.observe(0.0, 0)
+        self.payoff.observe(False, 1, timings.total_s - probe_s)
+
+    def observe(self, state: RunState, proposal: Proposal, verdict: Verdict, base: int) -> None:
+        """Acceptance per node kind where the walk reached the parent, and the calibration of expectations."""
+        tree, path, keys = proposal.tree, verdict.path, proposal.keys
+        if self.input is not None:
+            self.input.keep(verdict.h, verdict.last_row)
+        self.calibration.observe(proposal.expected, len(path))
+        if any(tree.sources[n] == Source.HEAD for n in path):
+            self.heads_rest.idle, self.heads_rest.next = 0, state.iteration + 1
+        on_path = set(path)
+        for visited in [0] + path:
+            for child in tree.children[visited].values():
+                for kind in keys[child]:
+                    self.stats.observe(kind, child in on_path)
+
+    def observe_cost(self, proposal: Proposal, verdict: Verdict, timings: ev.Timings) -> None:
+        """The verification's measured seconds for its rows, and the whole iteration's yield."""
+        probe_s = proposal.probe_s
+        other = timings.draft_s - probe_s + timings.bookkeeping_s - verdict.decide_s
+        self.costs.observe(len(proposal.tree), timings.verify_s + verdict.decide_s, other)
+        self.payoff.observe(True, len(verdict.path) + 1, timings.total_s - probe_s)
+
+
+@functools.lru_cache(maxsize=None)
+def _suffix_kinds(m: int) -> list[tuple]:
+    """The acceptance-statistics keys of a suffix-match chain's nodes (match length m, by chain position)."""
+    return [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, SUFFIX_DRAFT + 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def _ngram_kinds(bucket: int, n: int) -> list[tuple]:
+    """The keys of a 4-gram continuation's n nodes whose count share falls in `bucket`."""
+    return [(Source.NGRAM, j + 1, bucket) for j in range(n)]
+
+
+def _chain_bucket(j: int) -> int:
+    return j if j <= 2 else 3 if j <= 4 else 5 if j <= 8 else 9
+
+
+def _prob_bucket(p: float) -> int:
+    return min(4, int(p * 5))

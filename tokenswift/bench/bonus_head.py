@@ -58,7 +58,7 @@ class BonusHead(nn.Module):
 def hidden_states(gen, ids: list[int], window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced over windows of `window` tokens: (n, H) float32 hidden states before the final norm and
     (n,) the model's argmax at each position (no penalty)."""
-    from ..generator import PREFILL_CHUNK
+    from ..run_state import PREFILL_CHUNK
     from ..kv_cache import KVCache
 
     a, lean = gen.adapter, gen.adapter.lean

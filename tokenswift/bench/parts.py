@@ -33,17 +33,17 @@ from ..kinds import Method
 PARTS: dict[str, tuple[str, str]] = {
     "forward": ("tokenswift.adapter:ModelAdapter", "forward"),
     "logits": ("tokenswift.adapter:ModelAdapter", "logits"),
-    "draft": ("tokenswift.generator:_Run", "draft_auto"),
-    "draft.index": ("tokenswift.generator:_Run", "index_new_tokens"),
+    "draft": ("tokenswift.auto:AutoDrafter", "propose"),
+    "draft.index": ("tokenswift.drafters:ReuseIndex", "update"),
     "draft.suffix": ("tokenswift.suffix:SuffixIndex", "lookup"),
     "draft.datastore": ("tokenswift.datastore:Datastore", "lookup"),
     "draft.ngrams": ("tokenswift.ngram:NGramTable", "top"),
-    "draft.heads": ("tokenswift.generator:_Run", "head_candidates"),
-    "draft.plan": ("tokenswift.generator", "choose"),
-    "inputs": ("tokenswift.generator", "verification_inputs"),
+    "draft.heads": ("tokenswift.auto:AutoDrafter", "head_candidates"),
+    "draft.plan": ("tokenswift.auto", "choose"),
+    "inputs": ("tokenswift.verifier", "verification_inputs"),
     "walk": ("tokenswift.native.decide", "walk_tree"),
-    "decide": ("tokenswift.generator:_Run", "decide"),
-    "cache_state": ("tokenswift.generator:_Run", "cache_state"),
+    "decide": ("tokenswift.verifier:Verifier", "decide"),
+    "cache_state": ("tokenswift.run_state:RunState", "cache_state"),
 }
 TOP_LEVEL = tuple(label for label in PARTS if "." not in label)
 

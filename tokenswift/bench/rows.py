@@ -74,7 +74,8 @@ def rows(model: str, text_path: str, context: int, row_counts: list[int], repeat
 
 
 def _rows(model: str, text_path: str, context: int, row_counts: list[int], repeats: int) -> dict:
-    from ..generator import PREFILL_CHUNK, Generator
+    from ..generator import Generator
+    from ..run_state import PREFILL_CHUNK
     from ..kv_cache import KVCache
     from ..train.corpus import split_text
 
