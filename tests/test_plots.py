@@ -218,7 +218,7 @@ def test_accepted_figure():
     fig = accepted_figure(trace)
     bars = by_meta(fig, "hist")
     assert sum(sum(b.y) for b in bars) == trace.iterations == 300
-    assert {b.name for b in bars} <= {"mostly heads", "mostly n-gram", "mostly bonus"}
+    assert {b.name for b in bars} <= {"mostly heads", "mostly reused text", "mostly bonus"}
     mean_line = next(t for t in fig.data if t.name == "running mean")
     assert mean_line.y[-1] == pytest.approx(trace.mean_accepted, abs=1e-3)
     assert "AR = 1 token/iteration" in annotation_texts(fig)

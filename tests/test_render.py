@@ -7,7 +7,7 @@ import pytest
 
 from tokenswift.events import AcceptedToken, CacheState, Step, Timings, TreeNode
 from tokenswift.serve.trace import RunTrace
-from ui import render
+from ui import render, step_view
 from ui.plots import REPEAT_MIN_TOKENS, SOURCE_COLORS, repeated_spans
 from ui.plots.style import blend
 from ui.text import PARAGRAPH, TINT, pane_html, palette_css, soft_wrap, span_class
@@ -104,7 +104,7 @@ def test_speed_panel_explains_the_ratio_as_arithmetic():
     assert "| AR (one step) | – | 3.50 ms | 0.50 ms | 4.00 ms | 1 |" in panel
     assert "| drafted nodes | 0 | 5-8 |" in panel and "| iterations | 1 | 3 |" in panel
     assert "| in AR steps (median 4.00 ms) | 0.75 | 0.75 |" in panel
-    assert "3.00 = 2.00 drafted tokens accepted (4 from heads and 4 from n-grams in 4 iterations) + 1.00 bonus" in panel
+    assert "3.00 = 2.00 drafted tokens accepted (4 from heads and 4 from reused text in 4 iterations) + 1.00 bonus" in panel
     assert "Tree auto" in panel and "6 nodes: expected 3.00 tokens for 1.50 steps" in panel
     assert "speed" in render.full_update(trace, decode, decode_one, False, "done")
 
@@ -136,22 +136,32 @@ def stepped(mode: str, settings: dict, index: int = 3, cut: bool = False, budget
 
 
 def caption(trace: RunTrace) -> str:
-    return render.step_explanation(trace.tokenswift, decode_one, trace.settings)[0]
+    return step_view.step_explanation(trace.tokenswift, decode_one, trace.settings)[0]
 
 
 def test_caption_paper_mode_with_a_partial_cache():
     text = caption(stepped("dynamic", {"tree": "1x3x3x3", "draft": "paper", "temperature": 1.0}, budget=1024))
-    assert "one draft forward of «The» over the partial KV cache (dynamic, 1,024 positions)" in text
+    assert "one draft forward of «The» over the partial KV cache (dynamic, holding 0 of at most 1,024 positions)" in text
     assert "fused" not in text and "drew one target token" in text
-    assert "then the bonus « mat» (the target's own token)" in text
+    assert "then the bonus « mat» (the target's own draw where the walk stopped)" in text
+    assert "2 from the heads, 1 from reused text" in text and "proposed the tokens after it" in text
 
 
 def test_caption_fused_mode_says_there_is_no_draft_forward():
     text = caption(stepped("fused", {"tree": "1x3x3x3", "draft": "fused", "temperature": 0.0}))
     assert "no draft forward (fused drafting)" in text and "no partial KV cache" in text
-    assert "partial cache took" not in text and "argmax" in text
+    assert "partial cache took" not in text and "most likely token (greedy)" in text
     first = caption(stepped("fused", {"tree": "1x3x3x3", "draft": "fused"}, index=0))
     assert "first iteration" in first and "over the full KV cache" in first
+
+
+def test_caption_never_says_the_heads_proposed_what_they_did_not():
+    trace = RunTrace([0], {"tree": "1x3x3x3"}, 100)
+    nodes = [TreeNode(1, -1, 0, "root", 1.0, True, None, 5), TreeNode(5, 0, 1, "ngram", 1.0, True, 0.9, 7)]
+    trace.tokenswift.add(step(2, "tokenswift", [(5, "ngram"), (7, "bonus")], (1, 2, 1), 2, 0.004, nodes=1,
+                              mode="dynamic", tree=nodes))
+    text = caption(trace)
+    assert "proposed nothing this time" in text and "0 from the heads" not in text and "1 from reused text" in text
 
 
 def test_caption_full_cache_mode_has_no_partial_cache():
@@ -171,19 +181,42 @@ def test_caption_auto_names_the_plan():
     assert "nothing drafted" in caption(plain) and "AR-cost step" in caption(plain)
 
 
-def test_step_table_labels_probabilities_and_marks_what_the_token_limit_cut():
+def test_step_rows_read_in_order_and_each_verdict_agrees_with_the_draw_in_its_row():
+    trace = stepped("dynamic", {"tree": "1x3x3x3", "temperature": 0.0}, budget=1024)
+    rows = step_view.step_rows(trace.tokenswift, decode_one, trace.settings)
+    col = {name: k for k, name in enumerate(step_view.COLUMNS)}
+    assert [r[col["node"]] for r in rows] == [0, 1, 3, 2]  # root, depth 1 (accepted first), depth 2
+    assert [r[col["verdict"]] for r in rows] == ["start", "✅ accepted", "❌ rejected", "✅ accepted"]
+    for r in rows[1:]:
+        drew, token, verdict = r[col["the target drew there"]], r[col["token"]], r[col["verdict"]]
+        assert (drew == token) == (verdict == "✅ accepted"), r
+        assert r[col["why"]].count(f"«{drew}»") >= 1  # the sentence names the same draw
+    assert rows[2][col["after"]] == "«The» (node 0)" and rows[2][col["the target drew there"]] == " cat"
+    assert "No child of node" not in rows[2][col["why"]]  # the walk went on through node 1
+    assert rows[0][col["why"]].startswith("The last committed token")
+
+
+def test_step_rows_mark_what_the_token_limit_cut_and_sum_up_unreached_nodes():
     trace = stepped("dynamic", {"tree": "1x3x3x3"}, cut=True, budget=1024)
-    text, rows = render.step_explanation(trace.tokenswift, decode_one, trace.settings)
-    assert "proposer score" in text and "not on the same scale" in text
+    text, rows = step_view.step_explanation(trace.tokenswift, decode_one, trace.settings)
     assert "cut the output after 1 of them, so the bonus « mat» was drawn but not emitted" in text
-    assert rows[1][-1].startswith("accepted: the target") and rows[2][-1].startswith("accepted, but not emitted")
-    assert rows[3][-1].startswith("rejected")
-    assert render.step_explanation(trace.tokenswift, decode_one)[0]  # settings are optional
+    assert rows[-1][7] == "✂️ not emitted" and "token limit" in rows[-1][8]
+    nodes, tokens = tree()
+    nodes.append(TreeNode(8, 3, 2, "ngram", 1.0, False, None, None))  # under the rejected n-gram: never reached
+    nodes.append(TreeNode(9, 3, 2, "ngram", 1.0, False, None, None))
+    deep = RunTrace([0], {}, 100)
+    deep.tokenswift.add(step(1, "tokenswift", tokens, (1, 2, 1), 3, 0.004, nodes=5, mode="dynamic", tree=nodes))
+    rows = step_view.step_rows(deep.tokenswift, decode_one)
+    assert rows[-1][7] == "not reached" and rows[-1][8].startswith("2 more nodes not reached")
+    assert len(rows) == 5  # root, three visited drafts, one summary row
+    html = step_view.table_html(rows)
+    assert "<th>the target drew there</th>" in html and "not on the same scale" in html
 
 
 def test_tokens_in_captions_are_visible_and_cannot_inject_markdown():
     trace = stepped("dynamic", {"tree": "1x3x3x3"}, budget=1024)
     weird = {1: "\n", 2: " *bold* <b>", 3: "[x](y)", 5: "_", 7: "\t"}
-    text, rows = render.step_explanation(trace.tokenswift, lambda t: weird[t], trace.settings)
+    text, rows = step_view.step_explanation(trace.tokenswift, lambda t: weird[t], trace.settings)
     assert "«⏎»" in text and "bonus «⇥»" in text and "*bold*" not in text and "<b>" not in text
-    assert [r[2] for r in rows] == ["⏎", " *bold* <b>", "[x](y)", "_"]  # the table shows text as it is
+    assert [r[2] for r in rows] == ["⏎", " *bold* <b>", "_", "[x](y)"]  # the table shows text as it is
+    assert "<b>" not in step_view.table_html(rows) and "&lt;b&gt;" in step_view.table_html(rows)

@@ -6,7 +6,8 @@ import pytest
 import tokenswift as ts
 from ui.controls import UI_DEFAULTS, default_controls, parse_controls, CONTROL_ORDER
 from tokenswift.serve.export import load_trace_file, trace_to_json, write_trace_file
-from ui.render import step_explanation, summary
+from ui.render import summary
+from ui.step_view import step_explanation
 from tokenswift.serve.runner import RunRequest, interleave
 from ui.text import segments
 from tokenswift.serve.trace import RunTrace
@@ -80,9 +81,9 @@ def test_step_explanation_names_each_verdict():
     gen, trace = finished_trace(20)
     caption, rows = step_explanation(trace.tokenswift, lambda t: gen.decode([t]))
     assert "Draft" in caption and "Verify" in caption and "KV update" in caption
-    verdicts = [r[-1] for r in rows]
-    assert verdicts[0].startswith("root")
-    assert any(v.startswith(("accepted", "rejected")) for v in verdicts[1:])
+    verdicts = [r[7] for r in rows]
+    assert verdicts[0] == "start"
+    assert any(v in ("✅ accepted", "❌ rejected") for v in verdicts[1:])
     assert "identical to AR: 20 of 20" in summary(trace, greedy=True)
 
 

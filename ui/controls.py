@@ -35,12 +35,12 @@ BOOK_PAGE = (PROMPTS / "emma-held-out.txt").read_text(encoding="utf-8").strip()
 
 EXAMPLE_PROMPTS = {
     "A story written for this demo (The Keeper)": STORY,
-    "Austen: a page of Emma (held out)": BOOK_PAGE,
-    "Austen: the opening of Persuasion's held-out part": (
+    "Emma: a whole page (about 800 tokens, held out)": BOOK_PAGE,
+    "Persuasion: one sentence (held out)": (
         "Anne Elliot, with all her claims of birth, beauty, and mind, to throw herself away at nineteen; "
         "involve herself at nineteen in an engagement with a young man"
     ),
-    "Austen: Mr. Knightley (held-out Emma, one sentence)": (
+    "Emma: one sentence about Mr. Knightley (held out)": (
         "Mr. Knightley, a sensible man about seven or eight-and-thirty, was not only a very old and intimate "
         "friend of the family, but particularly connected with it"
     ),
@@ -115,3 +115,69 @@ def parse_named(values: Mapping[str, Any]) -> RunControls:
     if missing:
         raise InvalidRequest(f"missing control(s): {', '.join(missing)}.")
     return parse_controls(*(values[name] for name in CONTROL_NAMES))
+
+
+# ---- controls as the truth about what produced the views ---------------------------------------------------
+# The controls' ranges (the layout's sliders): a replayed value outside them is clamped, and the page says so.
+RANGES = {"temperature": (0.05, 2.0), "top_p": (0.05, 1.0), "min_p": (0.0, 0.5), "theta": (1.0, 2.0),
+          "ngram_topk": (1, 40)}
+SHOWN_SETTINGS = ("temperature", "top_p", "min_p", "penalty", "penalty_window", "ngram_reuse", "ngram_topk", "tree",
+                  "kv_mode", "kv_budget", "draft")
+STEP_TREE = "paper"  # what Step drafts with when the tree control says auto (auto may draft nothing at all)
+
+
+def tree_choice(spec: str) -> str:
+    """A tree setting as the menu names it: a preset's name where the spec is one ("1x3x3x3" -> "paper")."""
+    if spec in TREE_CHOICES:
+        return spec
+    return next((name for name, widths in TREE_PRESETS.items() if widths == spec), spec)
+
+
+def controls_for(settings: Mapping[str, Any], prompt: str, max_new: int, model: str,
+                 seed: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The control values that reproduce a run of `settings` (a Settings' fields), and notes on what the controls
+    cannot show (values clamped to a slider's range, settings that have no control)."""
+    s = {**Settings().to_dict(), **settings}
+    greedy = float(s["temperature"]) == 0.0
+    penalty_on = float(s["penalty"]) != 1.0
+    values: dict[str, Any] = dict(
+        prompt=prompt, max_new=max_new, model=model, greedy=greedy,
+        temperature=UI_DEFAULTS["temperature"] if greedy else s["temperature"], top_p=s["top_p"], min_p=s["min_p"],
+        penalty_on=penalty_on, theta=s["penalty"] if penalty_on else UI_DEFAULTS["theta"], window=s["penalty_window"],
+        reuse_on=s["ngram_reuse"], ngram_topk=s["ngram_topk"], tree=tree_choice(str(s["tree"])), kv_mode=s["kv_mode"],
+        kv_budget=s["kv_budget"], draft=s["draft"])
+    if seed is not None:
+        values["seed"] = seed
+    notes = []
+    for name, (low, high) in RANGES.items():
+        value = values[name]
+        if isinstance(value, (int, float)) and not low <= value <= high:
+            values[name] = min(max(value, low), high)
+            notes.append(f"{name} {value:g} (the control shows {values[name]:g})")
+    defaults = Settings().to_dict()
+    for name, value in s.items():
+        if name not in SHOWN_SETTINGS and value != defaults[name]:
+            notes.append(f"{name} {value} (no control here)")
+    return values, notes
+
+
+def ignored_controls(values: Mapping[str, Any]) -> dict[str, str]:
+    """Controls whose value the current mode ignores -> why (the layout greys them out with that note)."""
+    out: dict[str, str] = {}
+    if values.get("greedy"):
+        for name in ("temperature", "top_p", "min_p", "seed"):
+            out[name] = "ignored: greedy decoding takes the most likely token"
+    if not values.get("penalty_on"):
+        for name in ("theta", "window"):
+            out[name] = "ignored: the penalty is off"
+    if not values.get("reuse_on"):
+        out["ngram_topk"] = "ignored: token reuse is off"
+    if values.get("tree") == AUTO:
+        for name in ("draft", "kv_mode", "kv_budget"):
+            out[name] = "decided by tree=auto: it drafts fused (the heads read the verification pass), no partial cache"
+    elif values.get("draft") == "fused":
+        for name in ("kv_mode", "kv_budget"):
+            out[name] = "ignored: fused drafting reads no partial cache"
+    elif values.get("kv_mode") == "full":
+        out["kv_budget"] = "ignored: kv_mode=full drafts over the full cache"
+    return out

@@ -26,10 +26,12 @@ from tokenswift.serve.limits import PLOT_PERIOD, Limits
 from tokenswift.serve.models import Codec, Codecs
 from tokenswift.serve.runner import Finished, RunRequest
 from tokenswift.serve.trace import RunTrace
+from tokenswift.tree import AUTO
 from tokenswift.validate import validate_request, validate_settings
 
 from . import render
-from .controls import RunControls, parse_named
+from .controls import STEP_TREE, RunControls, controls_for, parse_named
+from .race import RaceClock, shown_both
 
 TEXT_PERIOD_S = 0.5  # text and stats refresh
 # plots refresh (the browser, not the server, is the bottleneck); TOKENSWIFT_PLOT_PERIOD overrides it (app.py)
@@ -49,6 +51,7 @@ class Session:
     model: str = ""
     greedy: bool = True
     step_key: RunRequest | None = None  # the classroom run the engine holds for this session
+    seed: int | None = None  # the seed of the run shown (None: a replay of a file that names none)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def kept_bytes(self) -> int:
@@ -57,6 +60,38 @@ class Session:
 
 class Unwatched(Exception):
     """The client has read none of its stream for `Limits.unwatched_s`: its job was stopped."""
+
+
+class NeedsFetch(Exception):
+    """A replayed trace names a built-in model this server has not fetched yet (raised before anything waits)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.model = model
+
+
+class Pacer:
+    """When the next update of one kind is due: every `period` seconds, stretched so that rendering takes at most
+    `share` of the time. The cost is a running mean that leaves out the first render (one-off costs such as
+    plotly's first figure), so one slow render never freezes the page for long."""
+
+    def __init__(self, period: float, share: float) -> None:
+        self.period, self.share = period, share
+        self.cost: float | None = None
+        self.renders = 0
+        self.next = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next
+
+    def interval(self) -> float:
+        return max(self.period, (self.cost or 0.0) / self.share)
+
+    def done(self, now: float, cost: float) -> None:
+        self.renders += 1
+        if self.renders > 1:
+            self.cost = cost if self.cost is None else 0.7 * self.cost + 0.3 * cost
+        self.next = now + self.interval()
 
 
 class LiveApp:
@@ -223,7 +258,9 @@ class LiveApp:
 
     # ---- run -------------------------------------------------------------------------------------------------
     def run(self, values: Mapping[str, Any], request: gr.Request = None) -> Iterator[dict]:
-        """Streams both panes. Yields dicts keyed by output name (mapped to components by the layout)."""
+        """Streams both panes as a race (ui/race.py): each shows what its method had made after the same seconds of
+        its own compute. The first update clears every view, so nothing from before this Run stays on the page.
+        Yields dicts keyed by output name (mapped to components by the layout)."""
         yield from self.wait_for_fetch(self._controls(values).model)
         controls, codec, prompt_ids = self._checked(values)
         session = self.session(request)
@@ -236,41 +273,49 @@ class LiveApp:
         run_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
         runner = self.engine.runner(controls.model, run_request, self.limits.request_timeout_s, self.client(request))
         session.runner, session.trace, session.model = runner, trace, controls.model
-        session.greedy, session.step_key = controls.settings.greedy, None
+        session.greedy, session.step_key, session.seed = controls.settings.greedy, None, controls.seed
         runner.start()
-        decode, decode_one = codec.decode, codec.decode_one
-        next_text = next_plot = 0.0
-        started = False
+        decode, decode_one, greedy = codec.decode, codec.decode_one, session.greedy
+        provenance = ("**What you see**: a Run started by this page · "
+                      + render.describe_run(trace.settings, trace.max_new_tokens, controls.model))
+        clock = RaceClock()
+        text, plot = Pacer(TEXT_PERIOD_S, UI_SHARE / 3), Pacer(self.plot_period_s, UI_SHARE)
+        started, finished = False, None
         began = time.monotonic()
         try:
-            yield {"status": "Prefilling the prompt…"}
+            yield {**render.full_update(trace, decode, decode_one, greedy, "Prefilling the prompt…"),
+                   **render.cleared_step(), "provenance": provenance}
             while True:
+                if session.trace is not trace:
+                    return  # a newer Run, Step or replay of this session owns the page now (finally: stop)
                 if not self.watched(request, began):
                     return  # nobody reads this stream: the engine's time goes to others (finally: stop)
-                steps, finished = runner.poll()
-                for step in steps:
-                    trace.add(step)
-                started = started or bool(steps)
+                if finished is None:
+                    steps, finished = runner.poll()
+                    for step in steps:
+                        trace.add(step)
+                    started = started or bool(steps)
                 now = time.monotonic()
-                if finished is not None:
-                    yield render.full_update(trace, decode, decode_one, session.greedy, final_status(finished, trace))
+                if finished is not None and not _completed(finished):
+                    clock.finish(trace)  # stopped or failed: show what there is at once
+                if finished is not None and (clock.caught_up(trace) or not _completed(finished)):
+                    yield render.full_update(trace, decode, decode_one, greedy, final_status(finished, trace))
                     return
                 if not started:
                     ahead = runner.ahead
-                    if ahead and now >= next_text:
-                        next_text = now + TEXT_PERIOD_S
+                    if ahead and text.due(now):
+                        text.done(now, 0.0)
                         yield {"status": f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours (the engine "
                                          "runs one at a time)…"}
-                # Pace the updates by their own cost, so that rendering never takes more than UI_SHARE of the time.
-                elif now >= next_plot:
-                    update = render.full_update(trace, decode, decode_one, session.greedy, running_status(trace))
-                    cost = time.monotonic() - now
-                    next_plot = now + max(self.plot_period_s, cost / UI_SHARE)
-                    next_text = now + max(TEXT_PERIOD_S, cost / UI_SHARE / 3)
-                    yield update
-                elif now >= next_text:
-                    update = render.text_update(trace, decode, session.greedy, running_status(trace))
-                    next_text = now + max(TEXT_PERIOD_S, (time.monotonic() - now) / UI_SHARE)
+                elif plot.due(now) or text.due(now):
+                    shown = shown_both(trace, clock.advance(trace, now, ended=finished is not None))
+                    status = running_status(trace, shown) if finished is None else reveal_status(trace, shown)
+                    if plot.due(now):
+                        update = render.full_update(trace, decode, decode_one, greedy, status, shown)
+                        plot.done(now, time.monotonic() - now)
+                    else:
+                        update = render.text_update(trace, decode, greedy, status, shown)
+                    text.done(now, time.monotonic() - now)
                     yield update
                 time.sleep(POLL_S)
         finally:
@@ -285,6 +330,11 @@ class LiveApp:
 
     # ---- classroom step mode ----------------------------------------------------------------------------------
     def step(self, values: Mapping[str, Any], request: gr.Request = None) -> dict:
+        """One TokenSwift iteration of this session's classroom run, explained. Under tree=auto Step drafts with the
+        paper's tree instead (auto may draft nothing in an iteration, which shows nothing) and sets the tree control
+        to it, so the controls say what produced the view."""
+        changed = {"tree": STEP_TREE} if values.get("tree") == AUTO else {}
+        values = {**values, **changed}
         controls, codec, prompt_ids = self._checked(values)
         session = self.session(request)
         step_request = RunRequest(prompt_ids, controls.settings, controls.max_new_tokens, controls.seed)
@@ -295,7 +345,7 @@ class LiveApp:
             if session.step_key != step_request or session.trace is None:
                 session.trace = RunTrace(prompt_ids, controls.settings.to_dict(), controls.max_new_tokens)
                 session.model, session.greedy = controls.model, controls.settings.greedy
-                session.step_key = step_request
+                session.step_key, session.seed = step_request, controls.seed
             runner = self.engine.stepper(self.key(request), controls.model, step_request, self.limits.request_timeout_s,
                                          self.client(request))
             session.runner = runner.start()
@@ -320,50 +370,102 @@ class LiveApp:
             if not steps:
                 session.step_key = None
                 return {"step_caption": "The run reached its token limit: press Step again to start over.",
-                        "status": "Step mode: finished."}
+                        "status": "Step mode: finished.", **changed}
             if steps[-1].done:
                 session.step_key = None  # the next Step starts over
         status = f"Step mode: iteration {steps[-1].index} done ({trace.tokenswift.generated:,} tokens)."
-        return render.step_update(trace, codec.decode, codec.decode_one, session.greedy, status)
+        if changed:
+            status += (" Step drafts with the paper's tree (1x3x3x3) rather than auto, which may draft nothing in an "
+                       "iteration; the tree control now says so.")
+        provenance = (f"**What you see**: step mode, iteration {steps[-1].index} of a classroom run (TokenSwift only) · "
+                      + render.describe_run(trace.settings, trace.max_new_tokens, controls.model))
+        return {**render.step_update(trace, codec.decode, codec.decode_one, status), **changed,
+                "provenance": provenance}
 
     # ---- export and replay ----------------------------------------------------------------------------------
     def export(self, request: gr.Request = None) -> str:
         session = self.session(request)
         if session.trace is None:
             raise gr.Error("Nothing to export yet: run or step first (or the server no longer holds your last run).")
-        return write_trace_file(session.trace, self.codec(session.model).decode, session.model)
+        return write_trace_file(session.trace, self.codec(session.model).decode, session.model, seed=session.seed)
 
     def replay(self, path: str | None, request: gr.Request = None) -> dict:
+        """A saved run, shown as it ran; raises gr.Error (one sentence) on a file that cannot be replayed. A built-in
+        model the file names is fetched first if needed, without a word: the page uses `replay_stream`."""
+        out: dict = {}
+        for update in self.replay_stream(path, request):
+            out.update(update)
+        return out
+
+    def replay_stream(self, path: str | None, request: gr.Request = None) -> Iterator[dict]:
+        """Replay a trace file: every view, and every control set to the settings that produced it, with a status
+        that says it is a replay. While a built-in model the file names is fetched (first use on this server), the
+        status says so, with the seconds so far."""
         if not path:
             raise gr.Error("Choose a trace file (.json) exported by this app.")
         names = self.codecs.names()
 
-        def vocab_size(model: str) -> int:
-            return self.codec(model if model in names else names[0]).limits.vocab_size
+        def shown_model(model: str) -> str:
+            return model if model in names else names[0]
 
-        def positions(model: str) -> int:
-            return self.codec(model if model in names else names[0]).limits.max_positions
+        def limits(model: str):
+            name = shown_model(model)
+            if self.codecs.fetching(name) is not None:
+                raise NeedsFetch(name)  # out of load_trace_file, before it waits: the page says what happens
+            return self.codec(name).limits
 
         try:  # size, schema and ranges checked before anything is built; the session is replaced only after
-            trace, data = load_trace_file(path, max_bytes=self.limits.max_upload_bytes, vocab_size=vocab_size,
-                                          positions=positions, max_kept_bytes=self.limits.session_bytes)
+            for _ in range(2):  # at most one fetch
+                try:
+                    trace, data = load_trace_file(path, max_bytes=self.limits.max_upload_bytes,
+                                                  vocab_size=lambda m: limits(m).vocab_size,
+                                                  positions=lambda m: limits(m).max_positions,
+                                                  max_kept_bytes=self.limits.session_bytes)
+                    break
+                except NeedsFetch as need:
+                    yield from self.wait_for_fetch(need.model)
+            else:
+                raise gr.Error("The model this trace names could not be made ready; try again in a minute.")
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
         finally:  # the upload has served its purpose (it is read once)
             if self.uploads is not None:
                 self.uploads.discard(path)
-        model = data.get("model", "")
-        model = model if model in names else names[0]
+        model = shown_model(data.get("model", ""))
         codec = self.codec(model)
         greedy = float(trace.settings.get("temperature", 0.0)) == 0.0
-        update = render.full_update(trace, codec.decode, codec.decode_one, greedy,
-                                    f"Replaying a saved run ({trace.tokenswift.generated:,} + {trace.ar.generated:,} tokens).")
+        seed = data.get("seed")
+        controls, notes = controls_for(trace.settings, codec.decode(trace.prompt_ids), trace.max_new_tokens, model, seed)
+        status = (f"Replay of a saved run ({trace.tokenswift.generated:,} + {trace.ar.generated:,} tokens): nothing was "
+                  "computed now; the speeds are those measured when it ran, and the controls show its settings.")
+        if data.get("model", "") != model:
+            status += f" The file names a model this server does not list; shown with {model}."
+        if notes:
+            status += " Not shown by the controls: " + "; ".join(notes) + "."
+        if seed is None and not greedy:
+            status += " The file does not record its seed."
+        update = {**render.full_update(trace, codec.decode, codec.decode_one, greedy, status), **render.cleared_step(),
+                  **controls, "provenance": "**What you see**: a replay of a saved run · "
+                  + render.describe_run(trace.settings, trace.max_new_tokens, model)}
         session = self.session(request)  # replaced only once the file has loaded and rendered
         if session.runner is not None:
             session.runner.stop()
         self.engine.forget(self.key(request))
         session.trace, session.model, session.greedy, session.step_key = trace, model, greedy, None
-        return update
+        session.seed = seed
+        yield update
+
+    def prepare(self, values: Mapping[str, Any], message: str, request: gr.Request = None) -> dict:
+        """A lesson's or a case study's first half: set the controls to `values`, stop this session's job and empty
+        every view, so that nothing on the page comes from before; `message` goes to the status line."""
+        session = self.session(request)
+        if session.runner is not None:
+            session.runner.stop()
+        session.trace, session.step_key = None, None
+        if self.engine is not None:
+            self.engine.forget(self.key(request))
+        return {**render.empty_update(), **values, "status": message,
+                "provenance": "**What you see**: nothing yet for these controls."}
 
     def pick_tree(self, iteration: float | None, request: gr.Request = None) -> Any:
         session = self.session(request)
@@ -373,9 +475,27 @@ class LiveApp:
         return render.tree_figure(session.trace.tokenswift, self.codec(session.model).decode_one, pick)
 
 
-def running_status(trace: RunTrace) -> str:
-    return (f"Running… TokenSwift {trace.tokenswift.generated:,} and AR {trace.ar.generated:,} of "
-            f"{trace.max_new_tokens:,} tokens")
+def running_status(trace: RunTrace, shown: dict | None = None) -> str:
+    text = (f"Running… TokenSwift {trace.tokenswift.generated:,} and AR {trace.ar.generated:,} of "
+            f"{trace.max_new_tokens:,} tokens computed")
+    if shown:
+        clock = max(s.seconds for s in shown.values())
+        text += f"; the panes show each method after {clock:.1f} s of its own compute"
+    return text
+
+
+def reveal_status(trace: RunTrace, shown: dict) -> str:
+    """After the engine is done, while the slower pane is revealed at its measured pace."""
+    done = [m for m in (trace.tokenswift, trace.ar) if shown[m.method].tokens >= m.generated]
+    first = render._name(done[0]) if done else "One method"
+    clock = max(s.seconds for s in shown.values())
+    return (f"{first} finished first; the other pane follows at its own measured pace ({clock:.1f} s of its "
+            "compute so far)…")
+
+
+def _completed(finished: Finished) -> bool:
+    """A run that ended by itself (not stopped, failed, timed out or preempted): its end is revealed at pace."""
+    return not (finished.error or finished.preempted or finished.timed_out or finished.stopped)
 
 
 def final_status(finished: Finished, trace: RunTrace) -> str:

@@ -1,16 +1,16 @@
 """RunTrace -> what each pane shows. Pure functions; the plots come from ui.plots."""
 from __future__ import annotations
 
-import re
 from typing import Callable
 
-from tokenswift.events import TreeNode
-from tokenswift.kinds import KVMode, Method, Source
+from tokenswift.kinds import Method, Source
 from tokenswift.serve.trace import MethodTrace, RunTrace
 
 from . import plots
 from .plots import speed
 from .plots.repetition import REPEAT_MIN_TOKENS
+from .race import Shown, everything
+from .step_view import kept_iterations, latest_tree, step_caption, step_rows, table_html
 from .text import LIVE_WINDOW, Label, pane_html, placeholder_html, segments, span_class
 
 Decode = Callable[[list[int]], str]
@@ -21,32 +21,60 @@ SPEED_NOTE = ("Speed: AR and TokenSwift run alternately in one engine process, a
               "each method's tokens/s is its tokens over its own compute time, prefill excluded.")
 REPEAT_LOOKBACK = 8192  # tokens before the pane's visible window searched for an earlier occurrence
 DISTINCT_TAIL = 2000  # Distinct-n is measured over each pane's last tokens (it falls with length)
+PROMPT_TAIL_TOKENS = 40  # step mode: the prompt's last tokens shown before the new ones
 
 
 def _name(m: MethodTrace) -> str:
     return "AR" if m.method == Method.AR else "TokenSwift"
 
 
-def pane_stats(m: MethodTrace, max_new: int) -> str:
+def pane_stats(m: MethodTrace, max_new: int, shown: Shown | None = None) -> str:
+    """A pane's header: tokens shown, and the method's speed over them (own compute, prefill excluded)."""
     label = _name(m)
-    if m.generated == 0:
+    shown = shown or Shown(m.generated, m.iterations, m.compute_s)
+    if shown.tokens == 0:
         return f"**{label}** · 0 / {max_new:,} tokens · no tokens yet"
-    line = (f"**{label}** · {m.generated:,} / {max_new:,} tokens · **{m.tokens_per_s:,.1f} tok/s** · "
-            f"{m.compute_s:.2f} s compute (+{m.prefill_s:.2f} s prefill)")
-    if m.method == Method.TOKENSWIFT and m.iterations:
-        totals = m.source_totals
-        line += (f" · {m.mean_accepted:.2f} tokens/iteration (head {totals.get(Source.HEAD, 0):,}, "
-                 f"n-gram {totals.get(Source.NGRAM, 0):,}, bonus {totals.get(Source.BONUS, 0):,})")
+    rate = shown.tokens / shown.seconds if shown.seconds > 0 else 0.0
+    line = (f"**{label}** · {shown.tokens:,} / {max_new:,} tokens · **{rate:,.1f} tok/s** · "
+            f"{shown.seconds:.2f} s compute (+{m.prefill_s:.2f} s prefill)")
+    if m.method == Method.TOKENSWIFT and shown.iterations:
+        line += f" · {shown.tokens / shown.iterations:.2f} tokens/iteration"
+        if shown.tokens == m.generated:
+            totals = m.source_totals
+            line += (f" (head {totals.get(Source.HEAD, 0):,}, reused text {totals.get(Source.NGRAM, 0):,}, "
+                     f"bonus {totals.get(Source.BONUS, 0):,})")
     return line
 
 
-def summary(trace: RunTrace, greedy: bool) -> str:
-    parts = []
-    if trace.speedup:
-        parts.append(f"**Speedup {trace.speedup:.2f}x** (TokenSwift tok/s ÷ AR tok/s; the speed panel below says why)")
+def step_stats(m: MethodTrace, max_new: int) -> str:
+    """The TokenSwift pane's header in step mode: tokens and iterations, no speed (one iteration is no measure)."""
+    if not m.iterations:
+        return f"**TokenSwift** · step mode · 0 / {max_new:,} tokens"
+    return (f"**TokenSwift** · step mode · {m.generated:,} / {max_new:,} tokens in {m.iterations:,} "
+            f"iteration{'s' if m.iterations != 1 else ''} (speed is measured by Run, not by single steps)")
+
+
+def headline(trace: RunTrace) -> str:
+    """The speedup, once both methods have run enough iterations to give it meaning, with its uncertainty."""
+    ratio = speed.speed_ratio(trace.tokenswift, trace.ar)
+    if not ratio.value:
+        return ""
+    if not ratio.settled:
+        done = min(trace.tokenswift.iterations, trace.ar.iterations)
+        return (f"**Speedup: measuring** ({done} of the {speed.MIN_RATIO_ITERATIONS} iterations per method it needs "
+                "before it means anything)")
+    return (f"**Speedup {ratio.value:.2f}x ± {ratio.error:.2f}** (TokenSwift tok/s ÷ AR tok/s, ± one standard "
+            "error from the iterations' spread; the speed panel below says why)")
+
+
+def summary(trace: RunTrace, greedy: bool, shown: dict[str, Shown] | None = None) -> str:
+    """The headline and the losslessness check, over the tokens the panes show."""
+    parts = [headline(trace)] if headline(trace) else []
     if greedy:
         n = min(trace.ar.generated, trace.tokenswift.generated)
-        same = trace.identical_prefix()
+        if shown is not None:
+            n = min(n, *(s.tokens for s in shown.values()))
+        same = min(trace.identical_prefix(), n)
         mark = "✅" if same == n else "❌"
         parts.append(f"{mark} identical to AR: {same:,} of {n:,} tokens")
     else:
@@ -54,29 +82,52 @@ def summary(trace: RunTrace, greedy: bool) -> str:
     return " · ".join(parts)
 
 
+def step_summary(trace: RunTrace) -> str:
+    """Step mode has no AR pane to compare with: say what guarantees the tokens instead."""
+    return ("**Step mode**: TokenSwift only, one iteration per press. Every token shown is one the target itself "
+            "drew at the end of the walk (or a draft equal to its draw), which is why the output equals AR's: "
+            "**Run** shows both side by side.")
+
+
 # ---- the panes ---------------------------------------------------------------------------------------------
 
-def _pane_labels(m: MethodTrace, sources: bool) -> list[Label]:
+def _pane_labels(tokens: list[int], kinds: list, sources: bool) -> list[Label]:
     """Per token: (source or None, inside a repeated span?). Repeats are searched from REPEAT_LOOKBACK
     tokens before the visible window on."""
-    start = max(0, len(m.token_ids) - LIVE_WINDOW - REPEAT_LOOKBACK)
-    repeated = [False] * len(m.token_ids)
-    for a, b in plots.repeated_spans(m.token_ids[start:]):
+    start = max(0, len(tokens) - LIVE_WINDOW - REPEAT_LOOKBACK)
+    repeated = [False] * len(tokens)
+    for a, b in plots.repeated_spans(tokens[start:]):
         repeated[start + a : start + b] = [True] * (b - a)
-    kinds = m.sources if sources else [None] * len(m.token_ids)
+    kinds = kinds if sources else [None] * len(tokens)
     return list(zip(kinds, repeated))
 
 
+PROMPT_LABEL = "prompt"  # the step mode's prompt tail, in grey
+
+
 def _class_of(label: Label) -> str:
+    if label == PROMPT_LABEL:
+        return "prompt"
     return "" if label is None else span_class(*label)
 
 
-def pane_text(m: MethodTrace, decode: Decode) -> str:
-    """A pane's HTML: AR text with repeats underlined; TokenSwift text also tinted by source."""
-    if not m.generated:
+def pane_text(m: MethodTrace, decode: Decode, upto: int | None = None, prompt_tail: str = "") -> str:
+    """A pane's HTML: AR text with repeats underlined; TokenSwift text also tinted by source. `upto`: only the
+    first tokens (the race display); `prompt_tail`: the prompt's last words before them, in grey (step mode)."""
+    n = m.generated if upto is None else min(upto, m.generated)
+    if not n:
         return placeholder_html("no tokens yet")
-    labels = _pane_labels(m, sources=m.method != Method.AR)
-    return pane_html(segments(m.token_ids, labels, decode), _class_of)
+    tokens = m.token_ids[:n]
+    labels = _pane_labels(tokens, m.sources[:n], sources=m.method != Method.AR)
+    segs = segments(tokens, labels, decode)
+    if prompt_tail:
+        segs = [(prompt_tail, PROMPT_LABEL)] + segs
+    return pane_html(segs, _class_of)
+
+
+def prompt_tail(prompt_ids: list[int], decode: Decode, tokens: int = PROMPT_TAIL_TOKENS) -> str:
+    text = decode(prompt_ids[-tokens:])
+    return ("…" if len(prompt_ids) > tokens else "") + text
 
 
 def distinct_line(trace: RunTrace) -> str:
@@ -93,25 +144,23 @@ def distinct_line(trace: RunTrace) -> str:
 
 # ---- plots -------------------------------------------------------------------------------------------------
 
-def latest_tree(m: MethodTrace, pick: int | None = None) -> tuple[int | None, list[TreeNode], list[int]]:
-    if not m.trees:
-        return None, [], []
-    if pick is not None:
-        for it, nodes, acc in m.trees:
-            if it == pick:
-                return it, nodes, acc
-    return m.trees[-1]
-
-
 def tree_figure(m: MethodTrace, decode_one: DecodeOne, pick: int | None = None):
+    """The draft tree of iteration `pick` (None: the latest kept). An iteration the trace no longer keeps gets a
+    figure that says so and names the kept ones, instead of silently showing another."""
+    kept = kept_iterations(m)
+    if pick is not None and kept and pick not in kept:
+        return plots.placeholder_figure(
+            f"Iteration {pick:,} is not kept: this run keeps the trees of iterations {kept[0]:,}–{kept[-1]:,}",
+            f"Draft tree, iteration {pick:,}", 300)
     it, nodes, acc = latest_tree(m, pick)
     return plots.draft_tree_figure(nodes, acc, decode_one, it)
 
 
-def all_plots(trace: RunTrace, decode_one: DecodeOne) -> tuple:
+def all_plots(trace: RunTrace, decode_one: DecodeOne, ar_tokens: int | None = None) -> tuple:
     ts = trace.tokenswift
+    ar_ids = trace.ar.token_ids if ar_tokens is None else trace.ar.token_ids[:ar_tokens]
     return (tree_figure(ts, decode_one), plots.accepted_figure(ts), plots.kv_figure(ts),
-            plots.repetition_figure(trace.ar.token_ids, ts.token_ids))
+            plots.repetition_figure(ar_ids, ts.token_ids))
 
 
 # ---- the speed panel ---------------------------------------------------------------------------------------
@@ -146,12 +195,15 @@ def _ratio_line(trace: RunTrace, ts_step: float, ar_step: float) -> str:
     if not ar_step:
         return f"**{per_iter:.2f} tokens per iteration**; AR has not run, so there is no ratio to explain."
     steps = ts_step / ar_step
+    ratio = speed.speed_ratio(ts, trace.ar)
+    early = ("" if ratio.settled else
+             f" *Only {min(ts.iterations, trace.ar.iterations)} iterations so far: not yet a measurement.*")
     return (f"**The ratio**: {per_iter:.2f} tokens per iteration ÷ ({ts_step:.2f} ms ÷ {ar_step:.2f} ms = "
             f"{steps:.2f} AR-step costs per iteration) = **{per_iter / steps:.2f}x** "
             f"(TokenSwift {ts.tokens_per_s:,.1f} tok/s ÷ AR {trace.ar.tokens_per_s:,.1f} tok/s). "
             + ("TokenSwift wins where each iteration yields more tokens than it costs AR steps."
                if per_iter > steps else
-               "TokenSwift loses here: an iteration costs more AR steps than the tokens it yields."))
+               "TokenSwift loses here: an iteration costs more AR steps than the tokens it yields.") + early)
 
 
 def _tree_line(trace: RunTrace) -> str:
@@ -161,8 +213,10 @@ def _tree_line(trace: RunTrace) -> str:
     if not ts.plan:
         return f"**Tree {tree}**: {nodes}."
     return (f"**Tree auto**: {nodes}. Each iteration it verifies the candidates (suffix matches, the model's "
-            "datastore of continuations, fused heads, 4-grams) with the best measured acceptance, as many as maximise expected tokens per unit of measured "
-            f"cost (cost in one-token steps of this machine). Latest plan: *{ts.plan}*.")
+            "datastore of continuations, fused heads, 4-grams) with the best measured acceptance, as many as "
+            "maximise expected tokens per unit of measured cost (cost in one-token steps of this machine); it "
+            "drafts fused, so it needs no partial KV cache. The three kinds of reused text are counted together as "
+            f"\"reused text\". Latest plan: *{ts.plan}*.")
 
 
 def speed_panel(trace: RunTrace) -> str:
@@ -177,7 +231,7 @@ def speed_panel(trace: RunTrace) -> str:
     totals = ts.source_totals
     heads, grams, bonus = (totals.get(s, 0) for s in (Source.HEAD, Source.NGRAM, Source.BONUS))
     tokens = (f"**Tokens per iteration**: {ts.mean_accepted:.2f} = {(heads + grams) / ts.iterations:.2f} drafted "
-              f"tokens accepted ({heads:,} from heads and {grams:,} from n-grams in {ts.iterations:,} iterations) "
+              f"tokens accepted ({heads:,} from heads and {grams:,} from reused text in {ts.iterations:,} iterations) "
               f"+ {bonus / ts.iterations:.2f} bonus token (the target's own; one per iteration unless the token "
               "limit cut the last one).")
     lines = ["#### Why this speed: one TokenSwift iteration against one AR step",
@@ -188,155 +242,81 @@ def speed_panel(trace: RunTrace) -> str:
     return "\n".join(lines)
 
 
-# ---- the classroom step view -------------------------------------------------------------------------------
+# ---- what produced the views --------------------------------------------------------------------------------
 
-_CONTROL = str.maketrans({"\n": "⏎", "\r": "␍", "\t": "⇥"})
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~])")
-
-
-def token_text(decode_one: DecodeOne, token: int) -> str:
-    """A token as the step table shows it: line breaks and tabs made visible."""
-    return decode_one(token).translate(_CONTROL)
-
-
-def token_md(decode_one: DecodeOne, token: int) -> str:
-    """A token for a Markdown caption: visible line breaks, Markdown characters escaped (model text)."""
-    return _MARKDOWN.sub(r"\\\1", token_text(decode_one, token))
-
-
-def _accepted_path(nodes: list[TreeNode]) -> list[int]:
-    """The accepted drafted nodes (root excluded), shallow to deep."""
-    return sorted((i for i, n in enumerate(nodes) if n.accepted and n.parent >= 0), key=lambda i: nodes[i].depth)
-
-
-def _draft_caption(m: MethodTrace, it: int, nodes: list[TreeNode], settings: dict, root: str) -> str:
-    """Step 1 as the engine ran it: m.partial_mode is what the engine reported ("fused", "full", "once",
-    "dynamic", or "none" without heads); tree="auto" always drafts fused."""
-    heads = sum(1 for n in nodes if n.source == Source.HEAD)
-    grams = len(nodes) - 1 - heads
-    held = f"the tree holds {len(nodes) - 1} drafted nodes ({heads} from the heads, {grams} from reused text, " \
-           "equal prefixes merged)"
-    auto = settings.get("tree") == "auto"
-    if auto and len(nodes) == 1:
-        return (f"1. **Draft (tree auto)**: nothing drafted — *{m.plan}*. No candidate was expected to pay for its "
-                f"verification, so this iteration is an AR-cost step: one forward of «{root}» and the target's "
-                "token.")
-    plan = f" tree=auto kept only the candidates that pay on this machine: *{m.plan}*." if auto else ""
-    mode = m.partial_mode
-    if mode == "fused" and not (it == 0 and not auto):
-        how = (f"no draft forward (fused drafting): the heads read the hidden state that the previous "
-               f"verification pass left at the token before «{root}», and proposed the tokens after it; "
-               f"reused n-grams continue «{root}»; no partial KV cache is used")
-    elif mode == "fused":
-        how = (f"fused drafting, first iteration: no verification pass yet for the heads to read, so one draft "
-               f"forward of «{root}» over the full KV cache (fused drafting uses no partial cache)")
-    elif mode == KVMode.FULL:
-        how = (f"one draft forward of «{root}» over the full KV cache (kv_mode=full: no partial cache) gave the base "
-               "LM head's distribution (depth 1) and the extra heads' (deeper)")
-    elif mode in (KVMode.ONCE, KVMode.DYNAMIC):
-        how = (f"one draft forward of «{root}» over the partial KV cache ({mode}, {m.partial_budget:,} positions) "
-               "gave the base LM head's distribution (depth 1) and the extra heads' (deeper)")
-    else:
-        how = f"no heads: only reused n-grams that continue «{root}»"
-    return f"1. **Draft**: {how}; {held}.{plan}"
-
-
-def _accept_caption(nodes: list[TreeNode], acc: list[int], greedy: bool, decode_one: DecodeOne) -> str:
-    path = _accepted_path(nodes)
-    bonus, emitted = plots.bonus_token(nodes, acc)
-    rule = ("took the target's argmax at each visited node" if greedy else
-            "drew one target token at each visited node")
-    text = f"3. **Accept**: the walk {rule} and went down while a child matched: {len(path)} drafted token(s) accepted"
-    shown = token_md(decode_one, bonus) if bonus is not None else "?"
-    if emitted:
-        return text + f", then the bonus «{shown}» (the target's own token)."
-    return text + (f"; the run's end (its token limit, or an end-of-text token) cut the output after {len(acc)} of "
-                   f"them, so the bonus «{shown}» was drawn but not emitted.")
-
-
-def _kv_caption(m: MethodTrace) -> str:
-    text = (f"4. **KV update**: the accepted path's K/V was moved into place in the full cache (now {m.cache_length:,} "
-            "positions); the rest of the tree's slots were discarded")
-    if m.partial_budget:
-        return text + (f"; the partial cache took the new tokens into its recent tail ({m.partial_budget:,} "
-                       f"positions at most, {len(m.refresh_at)} refreshes so far).")
-    if m.partial_mode == "fused":
-        return text + "; the hidden state at the last accepted token is kept for the next iteration's heads."
-    return text + "; there is no partial cache to update."
-
-
-TABLE_NOTE = ("Table: *proposer score* is what ranked a node when the tree was built — a head's softmax at "
-              "temperature 1 without truncation, or a reused n-gram's share of the table's counts (1 for a suffix "
-              "match; for a datastore continuation, its share of what followed that context in the datastore); *target p* is the target's probability of the node's token at its parent after the whole "
-              "sampling chain (penalty, temperature, top-p, min-p). They are not on the same scale.")
-
-
-def step_explanation(m: MethodTrace, decode_one: DecodeOne, settings: dict | None = None) -> tuple[str, list[list]]:
-    """Captions and the per-node table for the classroom step view; `settings`: the run's
-    tokenswift.Settings fields (RunTrace.settings)."""
-    settings = settings or {}
-    it, nodes, acc = latest_tree(m)
-    if not nodes:
-        return "Press **Step** to run one TokenSwift iteration.", []
-    greedy = float(settings.get("temperature", 0.0)) == 0.0
-    lines = [
-        f"**Iteration {it}.**",
-        _draft_caption(m, it, nodes, settings, token_md(decode_one, nodes[0].token)),
-        f"2. **Verify**: one forward of all {len(nodes)} nodes (the root and its drafts) over the full cache with "
-        "tree attention gave the target's distribution at every node.",
-        _accept_caption(nodes, acc, greedy, decode_one),
-        _kv_caption(m),
-        "",
-        TABLE_NOTE,
-    ]
-    cut = set(_accepted_path(nodes)[len(acc):])  # accepted, but past the run's token limit
-    return "\n".join(lines), [_node_row(i, n, nodes, decode_one, i in cut) for i, n in enumerate(nodes)]
-
-
-def _node_row(i: int, n: TreeNode, nodes: list[TreeNode], decode_one: DecodeOne, cut: bool) -> list:
-    if n.parent < 0:
-        why = "root: the last accepted token"
-    elif cut:
-        why = "accepted, but not emitted: the run ended first (token limit or end of text)"
-    else:
-        parent = nodes[n.parent]
-        if parent.target_sample is None:
-            why = "not reached (an ancestor was rejected)"
-        elif parent.target_sample == n.token:
-            why = "accepted: the target drew this token at its parent"
-        else:
-            why = f"rejected: the target drew «{token_text(decode_one, parent.target_sample)}» at its parent"
-    return [i, n.depth, token_text(decode_one, n.token), n.source, round(n.draft_prob, 3),
-            None if n.target_prob is None else round(n.target_prob, 3),
-            None if n.target_sample is None else token_text(decode_one, n.target_sample), why]
+def describe_run(settings: dict, max_new: int, model: str) -> str:
+    """The settings that shape what the panes show, in a few words."""
+    temperature = float(settings.get("temperature", 0.0))
+    sampling = "greedy" if temperature == 0.0 else (
+        f"sampling at T {temperature:g}, top-p {float(settings.get('top_p', 1.0)):g}, "
+        f"min-p {float(settings.get('min_p', 0.0)):g}")
+    penalty = float(settings.get("penalty", 1.0))
+    parts = [f"model {model}", f"{max_new:,} new tokens", sampling,
+             f"penalty θ {penalty:g} over {int(settings.get('penalty_window', 0)):,} tokens" if penalty != 1.0
+             else "no penalty", f"tree {settings.get('tree', '')}"]
+    if settings.get("tree") != "auto":
+        parts.append(f"drafting {settings.get('draft', '')}, KV {settings.get('kv_mode', '')}")
+    parts.append("token reuse on" if settings.get("ngram_reuse", True) else "token reuse off")
+    return " · ".join(parts)
 
 
 # ---- updates by output name --------------------------------------------------------------------------------
 
-def text_update(trace: RunTrace, decode: Decode, greedy: bool, status: str) -> dict:
-    """The cheap part of a live update: both panes' text and stats, the summary and the status line."""
+def text_update(trace: RunTrace, decode: Decode, greedy: bool, status: str,
+                shown: dict[str, Shown] | None = None) -> dict:
+    """The cheap part of a live update: both panes' text and stats, the summary and the status line. `shown`: how
+    much of each pane the race display shows (default: everything)."""
+    shown = shown or everything(trace)
+    ar, ts = shown[Method.AR], shown[Method.TOKENSWIFT]
     return {
-        "ar_text": pane_text(trace.ar, decode), "ts_text": pane_text(trace.tokenswift, decode),
-        "ar_stats": pane_stats(trace.ar, trace.max_new_tokens),
-        "ts_stats": pane_stats(trace.tokenswift, trace.max_new_tokens),
-        "summary": summary(trace, greedy), "status": status,
+        "ar_text": pane_text(trace.ar, decode, ar.tokens), "ts_text": pane_text(trace.tokenswift, decode, ts.tokens),
+        "ar_stats": pane_stats(trace.ar, trace.max_new_tokens, ar),
+        "ts_stats": pane_stats(trace.tokenswift, trace.max_new_tokens, ts),
+        "summary": summary(trace, greedy, shown), "status": status,
     }
 
 
-def full_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, greedy: bool, status: str) -> dict:
+def full_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, greedy: bool, status: str,
+                shown: dict[str, Shown] | None = None) -> dict:
     """Everything the page shows for `trace`, keyed by output name (the layout maps names to components)."""
-    out = text_update(trace, decode, greedy, status)
-    tree, accepted, kv, repetition = all_plots(trace, decode_one)
+    out = text_update(trace, decode, greedy, status, shown)
+    ar_tokens = None if shown is None else shown[Method.AR].tokens
+    tree, accepted, kv, repetition = all_plots(trace, decode_one, ar_tokens)
     out.update(tree_plot=tree, accepted_plot=accepted, kv_plot=kv, repetition_plot=repetition,
                distinct=distinct_line(trace), speed=speed_panel(trace))
     return out
 
 
-def step_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, greedy: bool, status: str) -> dict:
-    """After one classroom Step: the full update plus the step caption and the table of draft nodes."""
-    caption, rows = step_explanation(trace.tokenswift, decode_one, trace.settings)
-    out = full_update(trace, decode, decode_one, greedy, status)
-    out.update(step_caption=caption, step_table=rows)
-    if trace.ar.generated == 0:
-        out["ar_stats"] = "**AR** · not run in step mode (Step runs one TokenSwift iteration; Run compares both)"
+def cleared_step() -> dict:
+    """The step view emptied and hidden (a Run, a replay or a lesson replaces what a Step showed)."""
+    return {"step_view": STEP_VIEW_HIDDEN, "step_caption": "", "step_table": "",
+            "step_tree": plots.placeholder_figure("Press Step", "Draft tree", 300)}
+
+
+STEP_VIEW_HIDDEN = "hidden"  # the layout turns these two into the step view's visibility
+STEP_VIEW_SHOWN = "shown"
+
+
+def step_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, status: str) -> dict:
+    """After one classroom Step: every view, with the step caption, its tree and the table of draft nodes; the
+    TokenSwift pane shows the prompt's last words before the new tokens; AR says it does not run."""
+    ts = trace.tokenswift
+    out = full_update(trace, decode, decode_one, True, status)
+    out.update(step_view=STEP_VIEW_SHOWN, step_caption=step_caption(ts, decode_one, trace.settings),
+               step_table=table_html(step_rows(ts, decode_one, trace.settings)), step_tree=out["tree_plot"],
+               ts_text=pane_text(ts, decode, prompt_tail=prompt_tail(trace.prompt_ids, decode)),
+               ts_stats=step_stats(ts, trace.max_new_tokens), summary=step_summary(trace),
+               ar_stats="**AR** · not run in step mode (Step runs one TokenSwift iteration; Run compares both)",
+               ar_text=placeholder_html("AR does not run in step mode: press Run to race both."))
     return out
+
+
+def empty_update(message: str = "press Run (or Step)") -> dict:
+    """Every view emptied: what a lesson or a case study shows until it runs (nothing from before it)."""
+    return {"ar_text": placeholder_html(f"no tokens yet: {message}"), "ts_text": placeholder_html(f"no tokens yet: {message}"),
+            "ar_stats": "**AR**", "ts_stats": "**TokenSwift**", "summary": "", "distinct": "", "speed": "",
+            "tree_plot": plots.placeholder_figure("Run or Step to draw a draft tree", "Draft tree", 300),
+            "accepted_plot": plots.placeholder_figure("No iterations yet", "Accepted per iteration", 300),
+            "kv_plot": plots.placeholder_figure("No iterations yet", "KV cache", 300),
+            "repetition_plot": plots.placeholder_figure("No tokens yet", "Repetition: 4-gram overlap between chunks", 300),
+            **cleared_step()}

@@ -19,7 +19,8 @@ LIVE_WINDOW = 1500  # tokens shown while streaming; the whole text is in the exp
 PARAGRAPH = "\n\n"  # how `soft_wrap` marks a paragraph break
 # Sources a pane tints, with their legend names (AR tokens and roots are not tinted), and how far each
 # tint moves the source's plot colour towards white: the target's own tokens, often most of the text, faintly.
-TINTED = {Source.HEAD: "head draft", Source.NGRAM: "n-gram reuse", Source.BONUS: "target / bonus"}
+TINTED = {Source.HEAD: "head draft", Source.NGRAM: "reused text (4-grams, suffix matches, datastore)",
+          Source.BONUS: "target / bonus"}
 TINT = {Source.HEAD: 0.7, Source.NGRAM: 0.7, Source.BONUS: 0.85}
 _BREAKS = re.compile(r"[ \t]*(?:\r?\n[ \t]*)+")  # a run of line breaks with the blanks around it
 

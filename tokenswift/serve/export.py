@@ -4,10 +4,12 @@ loaded back for replay by folding the same events through `RunTrace.add`.
 Export -> replay -> export gives the same bytes. Loading treats the file as hostile: its size is checked
 before it is read, the JSON is parsed with bounds (no Infinity/NaN, no huge numbers, no duplicate keys,
 no deep nesting), and every field is checked for type, range and consistency before anything is built;
-each refusal is one sentence in a `TraceFileError`, and nothing partial is ever returned.
+each refusal is one sentence in a `TraceFileError`, and nothing partial is ever returned. The values are checked
+by `tokenswift.checks`, the checkers `tokenswift.validate` uses too, with JSON's own types (`exact`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,8 +17,11 @@ import tempfile
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
+from tokenswift.checks import (InvalidRequest, a_list, a_pair, a_string, an_object, each_one_of, number_between,
+                               numbers_between, one_of, refuse, same_length, shown, true_or_false, whole_number,
+                               whole_numbers)
 from tokenswift.events import TreeNode
 from tokenswift.kinds import Method, PartialMode, Source
 from tokenswift.settings import Settings
@@ -49,27 +54,33 @@ class TraceFileError(ValueError):
 
 
 # ---- export ------------------------------------------------------------------------------------------------
-def trace_to_json(trace: RunTrace, decode: Callable[[list[int]], str], model: str) -> dict[str, Any]:
+def trace_to_json(trace: RunTrace, decode: Callable[[list[int]], str], model: str,
+                  seed: int | None = None) -> dict[str, Any]:
     """The file's content: the event streams (copied under the trace's lock) and, for people, the texts
-    and a summary; replay reads only the former."""
+    and a summary; replay reads only the former. `seed`: the run's seed, written when known (optional in the
+    format: a replay restores it to the page's controls)."""
     snap = trace.snapshot()
     readable = snap["readable"]
     readable["prompt"] = decode(snap["prompt_ids"])
     for method, events in snap["methods"].items():
         readable["methods"][method]["text"] = decode(events["tokens"]["ids"])
-    return {"format": FORMAT, "model": model, "prompt_ids": snap["prompt_ids"], "settings": snap["settings"],
-            "max_new_tokens": snap["max_new_tokens"], "methods": snap["methods"], "readable": readable}
+    out = {"format": FORMAT, "model": model, "prompt_ids": snap["prompt_ids"], "settings": snap["settings"],
+           "max_new_tokens": snap["max_new_tokens"], "methods": snap["methods"], "readable": readable}
+    if seed is not None:
+        out["seed"] = seed
+    return out
 
 
 def write_trace_file(trace: RunTrace, decode: Callable[[list[int]], str], model: str,
-                     directory: str | Path | None = None, keep: int = KEEP_FILES, max_age_s: float = MAX_AGE_S) -> str:
+                     directory: str | Path | None = None, keep: int = KEEP_FILES, max_age_s: float = MAX_AGE_S,
+                     seed: int | None = None) -> str:
     """Write the run to a new file in `directory` (default: EXPORT_DIR) and remove that folder's older
     export files beyond the newest `keep` or older than `max_age_s`. Returns the new file's path."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (the file just written), not {keep}")
     folder = Path(directory) if directory is not None else EXPORT_DIR
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    text = json.dumps(trace_to_json(trace, decode, model), separators=(",", ":"), allow_nan=False)
+    text = json.dumps(trace_to_json(trace, decode, model, seed), separators=(",", ":"), allow_nan=False)
     fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".json", dir=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -194,7 +205,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         seen = set()
         twice = next(k for k, _ in pairs if k in seen or seen.add(k))
-        _fail(f"The trace file has the key {_short(twice)} twice in one object.")
+        _fail(f"The trace file has the key {shown(twice)} twice in one object.")
     return out
 
 
@@ -208,22 +219,27 @@ def check_trace(data: Any, vocab_size: VocabSize = None, max_tokens: int = MAX_T
         _fail(f"This trace has the old format {fmt!r}, which replay no longer reads; export the run again "
               f"with this version of the app.")
     if fmt != FORMAT:
-        _fail(f"The file is not a TokenSwift Live trace (expected format {FORMAT!r}, found {_short(fmt)}).")
-    _object(data, "the file", ("format", "model", "prompt_ids", "settings", "max_new_tokens", "methods", "readable"))
-    model = _text(data["model"], "model", MAX_TEXT)
+        _fail(f"The file is not a TokenSwift Live trace (expected format {FORMAT!r}, found {shown(fmt)}).")
+    with _in_the_file():
+        an_object(data, "the file", ("format", "model", "prompt_ids", "settings", "max_new_tokens", "methods",
+                                     "readable"), ("seed",))
+        if "seed" in data:
+            whole_number(data["seed"], "seed", 0, U32, exact=True)
+        model = a_string(data["model"], "model", MAX_TEXT)
     limits = ReplayLimits(vocab_size(model) if callable(vocab_size) else vocab_size, max_tokens, max_tree_nodes,
                           positions(model) if callable(positions) else positions)
-    prompt = _ids(data["prompt_ids"], "prompt_ids", limits)
-    _settings(data["settings"])
-    room = min(limits.max_tokens, limits.top_position - len(prompt))
-    if room < 1:
-        _fail(f"In the trace file, the prompt has {len(prompt):,} tokens; the model holds {limits.top_position:,} "
-              f"positions in all, so no run of it could have produced this trace.")
-    max_new = _int(data["max_new_tokens"], "max_new_tokens", 1, room)
-    methods = _object(data["methods"], "methods", tuple(Method))
-    logs = {m: _check_log(methods[m], f"methods.{m}", limits, max_new) for m in Method}
-    _plausible(logs)
-    _readable(data["readable"])
+    with _in_the_file():
+        prompt = _ids(data["prompt_ids"], "prompt_ids", limits)
+        _settings(data["settings"])
+        room = min(limits.max_tokens, limits.top_position - len(prompt))
+        if room < 1:
+            refuse(f"the prompt has {len(prompt):,} tokens; the model holds {limits.top_position:,} positions in "
+                   f"all, so no run of it could have produced this trace.")
+        max_new = whole_number(data["max_new_tokens"], "max_new_tokens", 1, room, exact=True)
+        methods = an_object(data["methods"], "methods", tuple(Method))
+        logs = {m: _check_log(methods[m], f"methods.{m}", limits, max_new) for m in Method}
+        _plausible(logs)
+        _readable(data["readable"])
     return logs
 
 
@@ -234,22 +250,21 @@ def _plausible(logs: dict[Method, EventLog]) -> None:
     for method, log in logs.items():
         elapsed = log.columns["elapsed_s"]
         if any(b < a for a, b in zip(elapsed, elapsed[1:])):
-            _fail(f"In the trace file, methods.{method}.per_iteration.elapsed_s decreases, which no run's "
-                  f"compute time does.")
+            refuse(f"methods.{method}.per_iteration.elapsed_s decreases, which no run's compute time does.")
         if log.token_ids:
             seconds = elapsed[-1] if elapsed else 0.0
             if seconds <= 0 or len(log.token_ids) / seconds > MAX_TOKENS_PER_S:
-                _fail(f"In the trace file, {method} made {len(log.token_ids):,} tokens in {seconds:g} s of compute, "
-                      f"faster than {MAX_TOKENS_PER_S:,.0f} tokens/s: its timings are not plausible.")
+                refuse(f"{method} made {len(log.token_ids):,} tokens in {seconds:g} s of compute, "
+                       f"faster than {MAX_TOKENS_PER_S:,.0f} tokens/s: its timings are not plausible.")
             speeds[method] = len(log.token_ids) / seconds
     if len(speeds) == 2 and speeds[Method.TOKENSWIFT] / speeds[Method.AR] > MAX_SPEEDUP:
-        _fail(f"In the trace file, TokenSwift is {speeds[Method.TOKENSWIFT] / speeds[Method.AR]:,.0f} times as fast "
-              f"as AR, beyond the {MAX_SPEEDUP:g}x any run of this engine reaches: its timings are not plausible.")
+        refuse(f"TokenSwift is {speeds[Method.TOKENSWIFT] / speeds[Method.AR]:,.0f} times as fast as AR, beyond the "
+               f"{MAX_SPEEDUP:g}x any run of this engine reaches: its timings are not plausible.")
 
 
 def _settings(value: Any) -> None:
     defaults = {f.name: f.default for f in fields(Settings)}
-    settings = _object(value, "settings", (), tuple(defaults))
+    settings = an_object(value, "settings", (), tuple(defaults))
     for name, setting in settings.items():
         _setting(setting, f"settings.{name}", defaults[name])
 
@@ -257,43 +272,44 @@ def _settings(value: Any) -> None:
 def _setting(value: Any, where: str, default: Any) -> None:
     """A setting of the default's kind (a number for numbers, true/false for flags, text for names)."""
     if isinstance(default, bool):
-        _bool(value, where)
+        true_or_false(value, where)
     elif isinstance(default, str):
-        _text(value, where, MAX_TEXT)
+        a_string(value, where, MAX_TEXT)
     elif isinstance(default, int) or (default is None and value is not None):
-        _int(value, where, 0, U32)
+        whole_number(value, where, 0, U32, exact=True)
     elif isinstance(default, float):
-        _number(value, where, -MAX_REAL, MAX_REAL)
+        number_between(value, where, -MAX_REAL, MAX_REAL)
 
 
 def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> EventLog:
-    log = _object(value, where, ("tokens", "per_iteration", "changes", "refreshed_at", "trees", "plans", "held", "done"))
-    tokens = _object(log["tokens"], f"{where}.tokens", ("ids", "sources", "depths"))
+    log = an_object(value, where, ("tokens", "per_iteration", "changes", "refreshed_at", "trees", "plans", "held",
+                                   "done"))
+    tokens = an_object(log["tokens"], f"{where}.tokens", ("ids", "sources", "depths"))
     ids = _ids(tokens["ids"], f"{where}.tokens.ids", limits)
     if len(ids) > max_new:
-        _fail(f"In the trace file, {where} has {len(ids):,} tokens but max_new_tokens is {max_new:,}.")
-    _same_length(tokens["sources"], ids, f"{where}.tokens.sources", "tokens")
-    _choices(tokens["sources"], f"{where}.tokens.sources", TOKEN_SOURCES)
-    _same_length(tokens["depths"], ids, f"{where}.tokens.depths", "tokens")
-    _ints(tokens["depths"], f"{where}.tokens.depths", 0, limits.max_tree_nodes)
-    per = _object(log["per_iteration"], f"{where}.per_iteration", tuple(ITERATION_COLUMNS))
-    accepted = _list(per["accepted"], f"{where}.per_iteration.accepted", limits.max_tokens)
-    _ints(accepted, f"{where}.per_iteration.accepted", 0, limits.max_tree_nodes + 1)
+        refuse(f"{where} has {len(ids):,} tokens but max_new_tokens is {max_new:,}.")
+    same_length(tokens["sources"], ids, f"{where}.tokens.sources", "tokens")
+    each_one_of(tokens["sources"], f"{where}.tokens.sources", TOKEN_SOURCES)
+    same_length(tokens["depths"], ids, f"{where}.tokens.depths", "tokens")
+    whole_numbers(tokens["depths"], f"{where}.tokens.depths", 0, limits.max_tree_nodes)
+    per = an_object(log["per_iteration"], f"{where}.per_iteration", tuple(ITERATION_COLUMNS))
+    accepted = a_list(per["accepted"], f"{where}.per_iteration.accepted", limits.max_tokens)
+    whole_numbers(accepted, f"{where}.per_iteration.accepted", 0, limits.max_tree_nodes + 1)
     if sum(accepted) != len(ids):
-        _fail(f"In the trace file, the accepted lengths of {where}.per_iteration add up to {sum(accepted):,} "
-              f"but there are {len(ids):,} tokens.")
+        refuse(f"the accepted lengths of {where}.per_iteration add up to {sum(accepted):,} but there are "
+               f"{len(ids):,} tokens.")
     n = len(accepted)
     if n > len(ids) + 1:  # every iteration accepts a token, but a last one cut by the token limit
-        _fail(f"In the trace file, {where} has {n:,} iterations for {len(ids):,} tokens; a run accepts at least one "
-              f"token per iteration.")
+        refuse(f"{where} has {n:,} iterations for {len(ids):,} tokens; a run accepts at least one token per "
+               f"iteration.")
     for name, code in ITERATION_COLUMNS.items():
         column, at = per[name], f"{where}.per_iteration.{name}"
-        _same_length(column, accepted, at, "iterations")
+        same_length(column, accepted, at, "iterations")
         if code == "d":
-            _numbers(column, at, 0.0, MAX_REAL)
+            numbers_between(column, at, 0.0, MAX_REAL)
         else:
-            _ints(column, at, 0, _column_top(name, code, limits))
-    changes = _object(log["changes"], f"{where}.changes", CHANGE_COLUMNS)
+            whole_numbers(column, at, 0, _column_top(name, code, limits))
+    changes = an_object(log["changes"], f"{where}.changes", CHANGE_COLUMNS)
     for name in CHANGE_COLUMNS:
         _changes(changes[name], f"{where}.changes.{name}", n, _CHANGE_CHECKS[name])
     _iterations(log["refreshed_at"], f"{where}.refreshed_at", n)
@@ -302,10 +318,10 @@ def _check_log(value: Any, where: str, limits: ReplayLimits, max_new: int) -> Ev
         _tree(nodes, f"{where}.trees[{k}]", limits)
     plans = _pairs(log["plans"], f"{where}.plans", n, TREES_KEPT)
     for k, (_, plan) in enumerate(plans):
-        _text(plan, f"{where}.plans[{k}]", MAX_TEXT, empty=False)
+        a_string(plan, f"{where}.plans[{k}]", MAX_TEXT, empty=False)
     if log["held"] is not None:
         _held(log["held"], f"{where}.held", n, limits)
-    _bool(log["done"], f"{where}.done")
+    true_or_false(log["done"], f"{where}.done")
     return EventLog.from_json(log)
 
 
@@ -323,210 +339,113 @@ def _changes(value: Any, where: str, iterations: int, check: Callable[[Any, str]
     """[iteration, value] where the value changes: from iteration 0 when there are iterations."""
     points = _pairs(value, where, iterations, iterations)
     if iterations and (not points or points[0][0] != 0):
-        _fail(f"In the trace file, {where} must start at iteration 0.")
+        refuse(f"{where} must start at iteration 0.")
     for k, (_, v) in enumerate(points):
         check(v, f"{where}[{k}]")
         if k and v == points[k - 1][1]:
-            _fail(f"In the trace file, {where}[{k}] repeats the value before it.")
+            refuse(f"{where}[{k}] repeats the value before it.")
 
 
 _CHANGE_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "prefill_s": lambda v, where: _number(v, where, 0.0, MAX_REAL),
-    "cache_capacity": lambda v, where: _int(v, where, 0, U32),
-    "partial_mode": lambda v, where: _choice(v, where, PARTIAL_MODES),
-    "partial_budget": lambda v, where: _int(v, where, 0, U32),
-    "refreshes": lambda v, where: _int(v, where, 0, U32),
+    "prefill_s": lambda v, where: number_between(v, where, 0.0, MAX_REAL),
+    "cache_capacity": lambda v, where: whole_number(v, where, 0, U32, exact=True),
+    "partial_mode": lambda v, where: one_of(v, where, PARTIAL_MODES),
+    "partial_budget": lambda v, where: whole_number(v, where, 0, U32, exact=True),
+    "refreshes": lambda v, where: whole_number(v, where, 0, U32, exact=True),
 }
 
 
 def _pairs(value: Any, where: str, iterations: int, max_len: int) -> list[list[Any]]:
     """[[iteration, value], ...] with iterations increasing and below `iterations`."""
-    items = _list(value, where, max_len)
+    items = a_list(value, where, max_len)
     for k, item in enumerate(items):
-        iteration, _ = _pair(item, f"{where}[{k}]")
+        iteration, _ = a_pair(item, f"{where}[{k}]")
         _iteration(iteration, f"{where}[{k}] iteration", iterations, items[k - 1][0] if k else -1)
     return items
 
 
 def _iterations(value: Any, where: str, iterations: int) -> None:
     """Iterations in increasing order, each below `iterations`."""
-    items = _list(value, where, iterations)
+    items = a_list(value, where, iterations)
     for k, iteration in enumerate(items):
         _iteration(iteration, f"{where}[{k}]", iterations, items[k - 1] if k else -1)
 
 
 def _iteration(value: Any, where: str, iterations: int, after: int) -> None:
     if not iterations:
-        _fail(f"In the trace file, {where} names an iteration, but there are no iterations.")
-    _int(value, where, 0, iterations - 1)
+        refuse(f"{where} names an iteration, but there are no iterations.")
+    whole_number(value, where, 0, iterations - 1, exact=True)
     if value <= after:
-        _fail(f"In the trace file, {where} is {value}, but iterations must increase (the one before is {after}).")
+        refuse(f"{where} is {value}, but iterations must increase (the one before is {after}).")
 
 
 NODE_KEYS = tuple(f.name for f in fields(TreeNode))
 
 
 def _tree(nodes: Any, where: str, limits: ReplayLimits) -> None:
-    items = _list(nodes, f"{where} nodes", limits.max_tree_nodes)
+    items = a_list(nodes, f"{where} nodes", limits.max_tree_nodes)
     if not items:
-        _fail(f"In the trace file, {where} is an empty draft tree.")
+        refuse(f"{where} is an empty draft tree.")
     for k, node in enumerate(items):
         at = f"{where} node {k}"
-        _object(node, at, NODE_KEYS)
-        _int(node["token"], f"{at} token", 0, limits.top_id)
-        _int(node["parent"], f"{at} parent", -1, k - 1)
-        _int(node["depth"], f"{at} depth", 0, limits.max_tree_nodes)
-        _choice(node["source"], f"{at} source", NODE_SOURCES)
-        _number(node["draft_prob"], f"{at} draft_prob", 0.0, 1.0 + 1e-6)
-        _bool(node["accepted"], f"{at} accepted")
+        an_object(node, at, NODE_KEYS)
+        whole_number(node["token"], f"{at} token", 0, limits.top_id, exact=True)
+        whole_number(node["parent"], f"{at} parent", -1, k - 1, exact=True)
+        whole_number(node["depth"], f"{at} depth", 0, limits.max_tree_nodes, exact=True)
+        one_of(node["source"], f"{at} source", NODE_SOURCES)
+        number_between(node["draft_prob"], f"{at} draft_prob", 0.0, 1.0 + 1e-6, "from 0 to 1")
+        true_or_false(node["accepted"], f"{at} accepted")
         if node["target_prob"] is not None:
-            _number(node["target_prob"], f"{at} target_prob", 0.0, 1.0 + 1e-6)
+            number_between(node["target_prob"], f"{at} target_prob", 0.0, 1.0 + 1e-6, "from 0 to 1")
         if node["target_sample"] is not None:
-            _int(node["target_sample"], f"{at} target_sample", 0, limits.top_id)
+            whole_number(node["target_sample"], f"{at} target_sample", 0, limits.top_id, exact=True)
 
 
 def _held(value: Any, where: str, iterations: int, limits: ReplayLimits) -> None:
     """[iteration, [[start, end], ...]]: the held positions the latest report gave."""
-    iteration, runs = _pair(value, where)
+    iteration, runs = a_pair(value, where)
     _iteration(iteration, f"{where} iteration", iterations, -1)
     top = limits.top_position
-    for k, run in enumerate(_list(runs, f"{where} runs", min(limits.max_tokens, top // 2 + 1))):
-        start, end = _pair(run, f"{where} run {k}")
-        _int(start, f"{where} run {k} start", runs[k - 1][1] if k else 0, top - 1)  # in order, not overlapping
-        _int(end, f"{where} run {k} end", start + 1, top)
+    for k, run in enumerate(a_list(runs, f"{where} runs", min(limits.max_tokens, top // 2 + 1))):
+        start, end = a_pair(run, f"{where} run {k}")
+        after = runs[k - 1][1] if k else 0  # runs in order, not overlapping
+        whole_number(start, f"{where} run {k} start", after, top - 1, exact=True)
+        whole_number(end, f"{where} run {k} end", start + 1, top, exact=True)
+
+
+def _ids(value: Any, where: str, limits: ReplayLimits) -> list[int]:
+    items = a_list(value, where, limits.max_tokens)
+    whole_numbers(items, where, 0, limits.top_id)
+    return items
 
 
 def _readable(value: Any) -> None:
     """The part for people: checked for shape only (replay derives it again from the events)."""
-    readable = _object(value, "readable", ("speedup", "identical_prefix", "methods", "prompt"))
-    _number(readable["speedup"], "readable.speedup", 0.0, math.inf)
-    _int(readable["identical_prefix"], "readable.identical_prefix", 0, U32)
-    _text(readable["prompt"], "readable.prompt", math.inf)
-    methods = _object(readable["methods"], "readable.methods", tuple(Method))
+    readable = an_object(value, "readable", ("speedup", "identical_prefix", "methods", "prompt"))
+    number_between(readable["speedup"], "readable.speedup", 0.0, math.inf)
+    whole_number(readable["identical_prefix"], "readable.identical_prefix", 0, U32, exact=True)
+    a_string(readable["prompt"], "readable.prompt", math.inf)
+    methods = an_object(readable["methods"], "readable.methods", tuple(Method))
     for m in Method:
         where = f"readable.methods.{m}"
-        summary = _object(methods[m], where, ("generated", "iterations", "tokens_per_s", "mean_accepted", "compute_s",
-                                              "prefill_s", "text"))
+        summary = an_object(methods[m], where, ("generated", "iterations", "tokens_per_s", "mean_accepted",
+                                                "compute_s", "prefill_s", "text"))
         for key in ("generated", "iterations"):
-            _int(summary[key], f"{where}.{key}", 0, U32)
+            whole_number(summary[key], f"{where}.{key}", 0, U32, exact=True)
         for key in ("tokens_per_s", "mean_accepted", "compute_s", "prefill_s"):
-            _number(summary[key], f"{where}.{key}", 0.0, math.inf)
-        _text(summary["text"], f"{where}.text", math.inf)
+            number_between(summary[key], f"{where}.{key}", 0.0, math.inf)
+        a_string(summary["text"], f"{where}.text", math.inf)
 
 
-# ---- primitives: each refusal is one sentence naming where in the file -------------------------------------
+# ---- refusals ---------------------------------------------------------------------------------------------
 def _fail(message: str) -> NoReturn:
     raise TraceFileError(message)
 
 
-def _kind(value: Any) -> str:
-    kinds = {dict: "an object", list: "a list", str: "text", bool: "true/false", int: "a whole number",
-             float: "a number", type(None): "null"}
-    return kinds.get(type(value), type(value).__name__)
-
-
-def _whole(value: int) -> str:
-    return f"{value:,}" if abs(value) < 10**15 else f"a number of {len(str(abs(value)))} digits"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _object(value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    if type(value) is not dict:
-        _fail(f"In the trace file, {where} must be an object, not {_kind(value)}.")
-    unknown = [k for k in value if k not in required and k not in optional]
-    if unknown:
-        _fail(f"In the trace file, {where} has the unknown key {_short(unknown[0])}.")
-    missing = [k for k in required if k not in value]
-    if missing:
-        _fail(f"In the trace file, {where} lacks the key {missing[0]!r}.")
-    return value
-
-
-def _list(value: Any, where: str, max_len: int) -> list[Any]:
-    if type(value) is not list:
-        _fail(f"In the trace file, {where} must be a list, not {_kind(value)}.")
-    if len(value) > max_len:
-        _fail(f"In the trace file, {where} has {len(value):,} entries; at most {max_len:,} are allowed.")
-    return value
-
-
-def _same_length(value: Any, other: list[Any], where: str, what: str) -> None:
-    items = _list(value, where, len(other))
-    if len(items) != len(other):
-        _fail(f"In the trace file, {where} has {len(items):,} entries for {len(other):,} {what}.")
-
-
-def _int(value: Any, where: str, low: int, high: int) -> int:
-    if type(value) is not int:
-        _fail(f"In the trace file, {where} must be a whole number, not {_kind(value)}.")
-    if not low <= value <= high:
-        _fail(f"In the trace file, {where} is {_whole(value)}; it must be from {low:,} to {high:,}.")
-    return value
-
-
-def _ints(items: list[Any], where: str, low: int, high: int) -> None:
-    """Whole numbers from low to high (the first bad one is named)."""
-    if all(type(v) is int for v in items) and (not items or (low <= min(items) and max(items) <= high)):
-        return
-    k = next(k for k, v in enumerate(items) if type(v) is not int or not low <= v <= high)
-    _int(items[k], f"{where}[{k}]", low, high)
-
-
-def _ids(value: Any, where: str, limits: ReplayLimits) -> list[int]:
-    items = _list(value, where, limits.max_tokens)
-    _ints(items, where, 0, limits.top_id)
-    return items
-
-
-def _number(value: Any, where: str, low: float, high: float) -> float:
-    if type(value) not in (int, float):
-        _fail(f"In the trace file, {where} must be a number, not {_kind(value)}.")
-    if not low <= value <= high:
-        _fail(f"In the trace file, {where} is {value}; it must be from {low} to {high}.")
-    return value
-
-
-def _numbers(items: list[Any], where: str, low: float, high: float) -> None:
-    for k, v in enumerate(items):
-        if type(v) not in (int, float) or not low <= v <= high:
-            _number(v, f"{where}[{k}]", low, high)
-
-
-def _bool(value: Any, where: str) -> bool:
-    if type(value) is not bool:
-        _fail(f"In the trace file, {where} must be true or false, not {_kind(value)}.")
-    return value
-
-
-def _text(value: Any, where: str, max_len: float, empty: bool = True) -> str:
-    if type(value) is not str:
-        _fail(f"In the trace file, {where} must be text, not {_kind(value)}.")
-    if len(value) > max_len:
-        _fail(f"In the trace file, {where} is longer than {max_len:,} characters.")
-    if not empty and not value:
-        _fail(f"In the trace file, {where} is empty.")
-    return value
-
-
-def _pair(value: Any, where: str) -> list[Any]:
-    items = _list(value, where, 2)
-    if len(items) != 2:
-        _fail(f"In the trace file, {where} must be a pair of two values.")
-    return items
-
-
-def _choice(value: Any, where: str, options: tuple[str, ...]) -> str:
-    if type(value) is not str or value not in options:
-        _fail(f"In the trace file, {where} is {_short(value)}; it must be one of {', '.join(map(str, options))}.")
-    return value
-
-
-def _choices(items: list[Any], where: str, options: tuple[str, ...]) -> None:
-    allowed = {str(o) for o in options}
-    for k, v in enumerate(items):
-        if type(v) is not str or v not in allowed:
-            _choice(v, f"{where}[{k}]", options)
+@contextlib.contextmanager
+def _in_the_file() -> Iterator[None]:
+    """A checker's refusal ("<where> must be ...; got ...") as a TraceFileError that says it is about the file."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        raise TraceFileError(f"In the trace file, {exc}") from None

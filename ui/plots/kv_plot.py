@@ -12,7 +12,8 @@ from .style import (CACHE_COLORS, SMOOTH_POINTS, add_note, base_layout, blend, b
 
 STRIP_BINS = 200
 MAX_TICKS = 200  # refresh markers: more cannot be told apart at this width
-NOTES = {"full": "drafting reads the full cache", "none": "no partial cache (AR)"}
+NOTES = {"full": "drafting reads the full cache", "none": "no partial cache (AR)",
+         "fused": "no partial cache: fused drafting (tree=auto always) reads the verification pass"}
 
 
 def held_strip(trace: MethodTrace, bins: int = STRIP_BINS) -> dict[str, list[float]]:
@@ -151,7 +152,9 @@ def kv_figure(trace: MethodTrace, height: int = 520) -> go.Figure:
     _, raw_mbs = trace.cache_mb.points()
     mb_now = raw_mbs[-1] if raw_mbs else 0.0
     title = f"KV cache ({trace.method}): {trace.cache_length:,} positions, {mb_now:.1f} MB"
-    subtitle = (f"drafting reads {trace.partial_budget:,} of them · {len(trace.refresh_at):,} refreshes"
+    held = sum(int(s.points()[1][-1]) if s.points()[1] else 0
+               for s in (trace.partial_sink, trace.partial_selected, trace.partial_recent))
+    subtitle = (f"drafting reads {held:,} of them (budget {trace.partial_budget:,}) · {len(trace.refresh_at):,} refreshes"
                 if partial else NOTES.get(trace.partial_mode, ""))
     fig.update_layout(**base_layout(title, height, subtitle=subtitle, legend_rows=2 if partial else 1,
                                     subplot_title_px=22))

@@ -75,3 +75,40 @@ def verify_cost(m: MethodTrace) -> list[CostBucket]:
 def mean_nodes(m: MethodTrace) -> float:
     nodes = m.per_iteration_nodes
     return sum(nodes) / len(nodes) if nodes else 0.0
+
+
+# The headline ratio is shown once each method has this many iterations: before that it is mostly noise
+# (the first iterations of a run include one-off costs), and the page says it is still measuring.
+MIN_RATIO_ITERATIONS = 10
+
+
+def rate_error(m: MethodTrace) -> float:
+    """The relative standard error of m's tokens per second (tokens over compute time), treating its iterations
+    as a sample of (tokens, seconds) pairs: the ratio estimator's variance, sum((t_i - r s_i)^2) / (n (n-1)) /
+    mean(s)^2, over r^2. 0.0 with fewer than two iterations."""
+    n = m.iterations
+    if n < 2 or m.compute_s <= 0:
+        return 0.0
+    rate = m.generated / m.compute_s
+    elapsed = m.events.columns["elapsed_s"]
+    previous, spread = 0.0, 0.0
+    for tokens, at in zip(m.per_iteration_accepted, elapsed):
+        spread += (tokens - rate * (at - previous)) ** 2
+        previous = at
+    mean_s = m.compute_s / n
+    return (spread / (n * (n - 1))) ** 0.5 / mean_s / rate
+
+
+@dataclass(frozen=True)
+class Ratio:
+    value: float  # TokenSwift tok/s over AR tok/s (0.0: no ratio yet)
+    error: float  # its standard error (absolute), from both methods' iteration-to-iteration spread
+    settled: bool  # both methods have MIN_RATIO_ITERATIONS iterations
+
+
+def speed_ratio(ts: MethodTrace, ar: MethodTrace) -> Ratio:
+    if not (ts.tokens_per_s and ar.tokens_per_s):
+        return Ratio(0.0, 0.0, False)
+    value = ts.tokens_per_s / ar.tokens_per_s
+    error = value * (rate_error(ts) ** 2 + rate_error(ar) ** 2) ** 0.5
+    return Ratio(value, error, min(ts.iterations, ar.iterations) >= MIN_RATIO_ITERATIONS)

@@ -42,7 +42,7 @@ CACHE_COLORS: dict[str, str] = {
 SOURCE_LABELS: dict[str, str] = {
     Source.ROOT: Source.ROOT,
     Source.HEAD: "heads",
-    Source.NGRAM: "n-gram",
+    Source.NGRAM: "reused text",
     Source.BONUS: Source.BONUS,
     Source.AR: "AR",
 }

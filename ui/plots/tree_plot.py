@@ -106,7 +106,7 @@ def bonus_token(nodes: list[TreeNode], accepted_tokens: list[int]) -> tuple[int 
 
 
 _GROUP_NAMES = {Source.ROOT: "root token", "head1": "LM head (d1)", "head2": "head d2", "head3": "head d3",
-                "head4": "head d4", Source.NGRAM: "n-gram"}
+                "head4": "head d4", Source.NGRAM: "reused text"}
 
 
 def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode: Callable[[int], str],
@@ -162,7 +162,8 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
     order = [Source.ROOT, "head1", "head2", "head3", "head4", Source.NGRAM]
     legend_done: set[str] = set()
     rank = {group: i for i, group in enumerate(order)}
-    for group, accepted in sorted(groups, key=lambda key: (rank.get(key[0], len(order)), not key[1])):
+    # Rejected nodes first, the accepted path last: its labels are drawn on top of any they would overlap.
+    for group, accepted in sorted(groups, key=lambda key: (key[1], rank.get(key[0], len(order)))):
         idx = groups[(group, accepted)]
         color = SOURCE_COLORS[Source.ROOT] if group == Source.ROOT else color_for(nodes[idx[0]].source, nodes[idx[0]].depth)
         if group not in legend_done:  # one legend entry per group, in its full colour
@@ -176,8 +177,8 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
             dict(size=9, color=blend(color, SOURCE_COLORS["rejected"], 0.5), opacity=0.6,
                  line=dict(width=0.5, color="#ffffff")),
             text=[_html(token_label(decode(nodes[i].token))) for i in idx], textposition="middle right",
-            textfont=dict(size=11, color="#111111", weight="bold", shadow="auto") if accepted else
-            dict(size=10, color="#999999"),
+            textfont=dict(size=13, color="#111111", weight="bold", shadow="auto") if accepted else
+            dict(size=11, color="#555555"),
             customdata=[_hover_data(nodes[i], decode) for i in idx],
             hovertemplate=_hover_template(nodes[idx[0]].source, accepted),
         ))
@@ -191,7 +192,7 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
             meta=Source.BONUS, marker=dict(symbol="star" if emitted else "star-open", size=18, color=SOURCE_COLORS[Source.BONUS],
                                       line=dict(width=1, color="#111111")),
             text=[_html(token_label(decode(bonus))) + ("" if emitted else " (not emitted)")],
-            textposition="middle right", textfont=dict(size=11, color="#111111", weight="bold", shadow="auto"),
+            textposition="middle right", textfont=dict(size=13, color="#111111", weight="bold", shadow="auto"),
             hovertext=[f"<b>{_html(token_label(decode(bonus), HOVER_CHARS))}</b>  id {bonus}<br>"
                        "bonus: the target's own sample after the accepted path" +
                        ("" if emitted else "<br>not emitted: the run's token limit came first")], hoverinfo="text",
@@ -202,7 +203,7 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
     if has_bonus:
         title += " + bonus" if emitted else f" (token limit: {len(accepted_tokens)} emitted, no bonus)"
     leaves = sum(1 for kids in children.values() if not kids)
-    fig.update_layout(**base_layout(title, height or max(320, min(1400, 130 + 14 * leaves)), legend_rows=2))
+    fig.update_layout(**base_layout(title, height or max(320, min(1600, 130 + 17 * leaves)), legend_rows=1))
     max_x = max(x.values())
     fig.update_xaxes(title_text="depth", range=[-0.3, max_x + 0.9], dtick=1, showgrid=False, zeroline=False)
     fig.update_yaxes(visible=False, range=[min(y.values()) - 0.8, max(y.values()) + 0.8])
