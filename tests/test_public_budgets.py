@@ -177,7 +177,7 @@ def _prompt_past_the_positions(d):
 
 REPLAY_CASES = {
     "100,000 held runs": (_many_held_runs, "held runs has 100,000 entries"),
-    "held ends up to 2^32": (_ends_beyond_positions, "run 1 end is"),
+    "held ends up to 2^32": (_ends_beyond_positions, "run 1 end must be a whole number from"),
     "zero compute time": (_zero_compute, "timings are not plausible"),
     "a 1,333,333x speedup": (_implausible_speedup, "timings are not plausible"),
     "500 empty iterations": (_more_iterations_than_tokens, "at least one token per iteration"),

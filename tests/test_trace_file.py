@@ -193,16 +193,16 @@ MALFORMED = {  # name -> (file text from the valid file, expected message, load_
     "Infinity": (rewritten(with_literal(ELAPSED, "Infinity")), "contains Infinity", {}),
     "NaN": (rewritten(with_literal(ELAPSED, "NaN")), "contains NaN", {}),
     "huge float": (rewritten(with_literal(ELAPSED, "1e999")), "1e999, which is out of range", {}),
-    "huge integer": (rewritten(with_literal(["max_new_tokens"], "1" * 400)), "is a number of 400 digits", {}),
+    "huge integer": (rewritten(with_literal(["max_new_tokens"], "1" * 400)), "max_new_tokens must be a whole number from 1 to .*; got a number of 400 digits", {}),
     "an integer past Python's digit limit": (rewritten(with_literal(["max_new_tokens"], "1" * 5000)), "thousands of digits", {}),
     "deep nesting": (lambda d: "[" * 100_000 + "]" * 100_000, "nests lists or objects too deeply", {}),
     "duplicate key": (rewritten(lambda d: json.dumps(d)[:-1] + ', "model": "other"}'), "key 'model' twice", {}),
     "negative token id": (changed(lambda d: ts_log(d)["tokens"]["ids"].__setitem__(3, -1)),
-                          r"methods\.tokenswift\.tokens\.ids\[3\] is -1; it must be from 0 to 255", {}),
+                          r"methods\.tokenswift\.tokens\.ids\[3\] must be a whole number from 0 to 255; got -1\.", {}),
     "token id beyond the vocabulary": (changed(lambda d: d["prompt_ids"].__setitem__(0, VOCAB)),
-                                       r"prompt_ids\[0\] is 256; it must be from 0 to 255", {}),
+                                       r"prompt_ids\[0\] must be a whole number from 0 to 255; got 256\.", {}),
     "unknown source": (changed(lambda d: ts_log(d)["tokens"]["sources"].__setitem__(0, "oracle")),
-                       r"sources\[0\] is 'oracle'; it must be one of head, ngram", {}),
+                       r"sources\[0\] must be one of head, ngram, .*; got 'oracle'\.", {}),
     "empty per_iteration with tokens": (
         changed(lambda d: ts_log(d).update(per_iteration={k: [] for k in ts_log(d)["per_iteration"]})),
         "add up to 0 but there are 60 tokens", {}),
@@ -210,13 +210,15 @@ MALFORMED = {  # name -> (file text from the valid file, expected message, load_
                            "methods.tokenswift has the unknown key 'series'", {}),
     "unknown top-level key": (changed(lambda d: d.update(extra=1)), "the file has the unknown key 'extra'", {}),
     "missing key": (changed(lambda d: ts_log(d).pop("done")), "methods.tokenswift lacks the key 'done'", {}),
-    "text for a number": (changed(lambda d: d.update(max_new_tokens="60")), "max_new_tokens must be a whole number, not text", {}),
+    "text for a number": (changed(lambda d: d.update(max_new_tokens="60")), "max_new_tokens must be a number: a whole one from 1 to .*; got '60'\.", {}),
+    "3.0 for a whole number": (changed(lambda d: d["prompt_ids"].__setitem__(0, 5.0)),  # kept as read: no 3.0 -> 3
+                               r"prompt_ids\[0\] must be a whole number from 0 to 255; got 5\.0\.", {}),
     "true for a number": (changed(lambda d: ts_log(d)["per_iteration"]["accepted"].__setitem__(0, True)),
-                          r"accepted\[0\] must be a whole number, not true/false", {}),
-    "object for a list": (changed(lambda d: d.update(prompt_ids={"0": 5})), "prompt_ids must be a list, not an object", {}),
+                          r"accepted\[0\] must be a number: a whole one from 0 to .*; got True\.", {}),
+    "object for a list": (changed(lambda d: d.update(prompt_ids={"0": 5})), "prompt_ids must be a list; got a value of type dict\.", {}),
     "too many tree nodes": (changed(lambda d: ts_log(d)["trees"][0][1].extend([ts_log(d)["trees"][0][1][-1]] * 5000)),
                             "nodes has .* entries; at most 4,096 are allowed", {}),
-    "more drafted nodes than allowed": (changed(lambda d: None), r"draft_nodes\[0\] is 40; it must be from 0 to 4\b",
+    "more drafted nodes than allowed": (changed(lambda d: None), r"draft_nodes\[0\] must be a whole number from 0 to 4; got 40\.",
                                         dict(max_tree_nodes=4)),
     "list longer than allowed": (changed(lambda d: None), "prompt_ids has 35 entries; at most 20", dict(max_tokens=20)),
     "more tokens than max_new_tokens": (changed(lambda d: d.update(max_new_tokens=10)),
@@ -225,18 +227,18 @@ MALFORMED = {  # name -> (file text from the valid file, expected message, load_
     "a column shorter than the others": (changed(lambda d: ts_log(d)["per_iteration"]["verify_us"].pop()),
                                          "verify_us has .* entries for .* iterations", {}),
     "a tree node that is its own parent": (changed(lambda d: ts_log(d)["trees"][0][1][2].update(parent=2)),
-                                           "node 2 parent is 2; it must be from -1 to 1", {}),
+                                           "node 2 parent must be a whole number from -1 to 1; got 2\.", {}),
     "a probability above 1": (changed(lambda d: ts_log(d)["trees"][0][1][1].update(draft_prob=2.5)),
-                              "draft_prob is 2.5", {}),
+                              "draft_prob must be a number from 0 to 1; got 2.5\.", {}),
     "a tree past the last iteration": (changed(lambda d: ts_log(d)["trees"][-1].__setitem__(0, 10**6)),
-                                       r"trees\[31\] iteration is 1,000,000; it must be from 0 to", {}),
+                                       r"trees\[31\] iteration must be a whole number from 0 to \d+; got 1000000\.", {}),
     "trees out of order": (changed(lambda d: ts_log(d)["trees"].reverse()), "but iterations must increase", {}),
     "unknown partial mode": (changed(lambda d: ts_log(d)["changes"]["partial_mode"][0].__setitem__(1, "magic")),
-                             "partial_mode\\[0\\] is 'magic'; it must be one of none, fused, full", {}),
+                             "partial_mode\\[0\\] must be one of none, fused, full, .*; got 'magic'\\.", {}),
     "unknown setting": (changed(lambda d: d["settings"].update(speed="max")), "settings has the unknown key 'speed'", {}),
     "a setting of the wrong kind": (changed(lambda d: d["settings"].update(temperature="hot")),
-                                    "settings.temperature must be a number, not text", {}),
-    "an empty held run": (changed(lambda d: ts_log(d)["held"][1].__setitem__(0, [5, 5])), "run 0 end is 5", {}),
+                                    "settings.temperature must be a number: from -1,000,000,000 to 1,000,000,000; got 'hot'\.", {}),
+    "an empty held run": (changed(lambda d: ts_log(d)["held"][1].__setitem__(0, [5, 5])), "run 0 end must be a whole number from 6 to .*; got 5\.", {}),
     "an unknown method": (changed(lambda d: d["methods"].update(medusa={})), "methods has the unknown key 'medusa'", {}),
 }
 
@@ -362,5 +364,5 @@ def test_the_vocabulary_can_follow_the_model_the_file_names(valid, tmp_path):
     asked = []
     load_trace_file(path, vocab_size=lambda model: asked.append(model) or VOCAB)
     assert asked == ["tiny"]
-    with pytest.raises(TraceFileError, match=r"prompt_ids\[0\] is 5; it must be from 0 to 4\."):
+    with pytest.raises(TraceFileError, match=r"prompt_ids\[0\] must be a whole number from 0 to 4; got 5\."):
         load_trace_file(path, vocab_size=lambda model: 5)

@@ -40,7 +40,7 @@ BAD_SETTINGS = [
     (dict(penalty_window=0), "penalty_window must be a whole number from 1"),
     (dict(top_k=True), "top_k must be a number: a whole one"),
     (dict(top_k=3.5), "top_k must be a whole number from 0 (off)"),
-    (dict(top_k=10**400), "got a number of 400 digits"),
+    (dict(top_k=10**400), "got a number of 401 digits"),  # 1 and 400 zeros, counted without writing them out
     (dict(temperature=1e-320), "temperature must be a number equal to 0 (greedy) or from 0.001 to 100; got 1e-320."),
     (dict(temperature=math.nan), "got nan."),
     (dict(temperature=-math.inf), "got -inf."),
@@ -263,6 +263,6 @@ def test_cli_checks_new_tokens_against_the_models_positions(tmp_path):
 def test_every_settings_field_has_a_rule():
     import dataclasses
 
-    from tokenswift.validate import _field_rules
+    from tokenswift.setting_rules import _field_rules
 
     assert set(_field_rules(None)) == {f.name for f in dataclasses.fields(ts.Settings)}

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .kinds import AcceptanceRule, DraftMode, KVMode
-from .validate import check_settings_values, validate_settings
+from .setting_rules import check_settings_values, settings_values
 
 KV_MODES = tuple(KVMode)
 # The paper's sampling for long generation (Settings(**PAPER_SAMPLING)): used by the evaluation and benchmarks.
@@ -24,8 +24,9 @@ class Settings:
     """Everything that shapes one generation; each field's description is in its metadata["help"].
 
     Sampling is shared by AR and TokenSwift and applied in this order: penalty, temperature, top_k, top_p,
-    min_p, eta. Every value is checked by `tokenswift.validate` when the object is made (types, ranges and
-    resource bounds), so a Settings that exists is one the engine can run.
+    min_p, eta. Every value is checked by `tokenswift.setting_rules` when the object is made (types, ranges and
+    resource bounds), so a Settings that exists is one the engine can run; `tokenswift.validate` checks it
+    again against a loaded model's limits.
     """
 
     temperature: float = _opt(0.0, "0 means greedy (argmax); otherwise logits are divided by it")
@@ -78,4 +79,4 @@ class Settings:
     def from_dict(cls, data: dict[str, Any]) -> "Settings":
         """From a mapping of setting names to values (missing ones take their defaults); unknown names,
         wrong types and out-of-range values raise `tokenswift.validate.InvalidRequest`."""
-        return validate_settings(data)
+        return cls(**settings_values(data, {f.name: f.default for f in fields(cls)}))
