@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import apply_penalty
-from .heads import last_layer_hidden
+from .head_training import last_layer_hidden
 
 
 @torch.inference_mode()

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import DRAFT_VOCAB_KEY, Heads
-from .heads import last_layer_hidden, lr_at, optimizer_step
+from .head_training import last_layer_hidden, lr_at, optimizer_step
 
 HELD_OUT_EVERY = 16  # every 16th generated row is held out for validation
 

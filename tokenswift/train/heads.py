@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from ..heads import Heads, save_with_model
 from .checkpoint import load_state, save_state
 from .corpus import ALL_SOURCES, AUSTEN_SOURCES, load_corpus, split_text
+from .head_training import last_layer_hidden, lr_at, optimizer_step
 
 
 @dataclass
@@ -89,22 +89,6 @@ class Windows:
         return torch.stack(rows)  # (B, span)
 
 
-def last_layer_hidden(model, ids: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """(B, T, H) output of the last decoder layer, before the final norm (what the heads read)."""
-    captured = {}
-
-    def hook(_module, _inputs, output):
-        captured["h"] = output[0] if isinstance(output, tuple) else output
-
-    handle = model.model.layers[-1].register_forward_hook(hook)
-    try:
-        with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-            model.model(input_ids=ids, use_cache=False)
-    finally:
-        handle.remove()
-    return captured["h"].float()
-
-
 def head_losses(model, heads: Heads, h0: torch.Tensor, ids: torch.Tensor, distill: float = 0.0) -> list[torch.Tensor]:
     """Per head: cross-entropy against the token at offset +2+i, mixed (weight `distill`) with the KL
     from the base model's own distribution for that token (its logits one position earlier, given the
@@ -146,25 +130,6 @@ def head_accuracy(model, heads: Heads, windows: list[torch.Tensor], bf16: bool) 
             total[i] += target.numel()
     return [{"head": i, "top1": hits1[i] / max(1, total[i]), "top3": hits3[i] / max(1, total[i])}
             for i in range(heads.num_heads)]
-
-
-def lr_at(s, step: int, elapsed_s: float = 0.0) -> float:
-    """Linear warm-up, then cosine to zero over the run, whose progress is the larger of the step
-    fraction and (with a time budget) the elapsed-time fraction. `s` has lr, warmup, steps and minutes."""
-    if step < s.warmup:
-        return s.lr * (step + 1) / s.warmup
-    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
-    if s.minutes:
-        progress = max(progress, elapsed_s / (s.minutes * 60))
-    return 0.5 * s.lr * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def optimizer_step(opt: torch.optim.Optimizer, heads: Heads, loss: torch.Tensor) -> None:
-    """Backward, gradient clipping at norm 1 and one step: the heads trainers' update."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-    opt.step()
 
 
 def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str | None = None,
