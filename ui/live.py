@@ -87,10 +87,13 @@ class Pacer:
     def interval(self) -> float:
         return max(self.period, (self.cost or 0.0) / self.share)
 
-    def done(self, now: float, cost: float) -> None:
-        self.renders += 1
-        if self.renders > 1:
-            self.cost = cost if self.cost is None else 0.7 * self.cost + 0.3 * cost
+    def done(self, now: float, cost: float | None) -> None:
+        """An update was sent at `now`; `cost`: the seconds this kind of update took to render (None: it was sent
+        as part of a larger one, whose cost is not this kind's)."""
+        if cost is not None:
+            self.renders += 1
+            if self.renders > 1:
+                self.cost = cost if self.cost is None else 0.7 * self.cost + 0.3 * cost
         self.next = now + self.interval()
 
 
@@ -304,18 +307,19 @@ class LiveApp:
                 if not started:
                     ahead = runner.ahead
                     if ahead and text.due(now):
-                        text.done(now, 0.0)
+                        text.done(now, None)
                         yield {"status": f"Queued: {ahead} run{'s' if ahead > 1 else ''} ahead of yours (the engine "
                                          "runs one at a time)…"}
                 elif plot.due(now) or text.due(now):
                     shown = shown_both(trace, clock.advance(trace, now, ended=finished is not None))
                     status = running_status(trace, shown) if finished is None else reveal_status(trace, shown)
-                    if plot.due(now):
+                    if plot.due(now):  # the plots and the speed panel go with the text they describe
                         update = render.full_update(trace, decode, decode_one, greedy, status, shown)
                         plot.done(now, time.monotonic() - now)
+                        text.done(now, None)
                     else:
                         update = render.text_update(trace, decode, greedy, status, shown)
-                    text.done(now, time.monotonic() - now)
+                        text.done(now, time.monotonic() - now)
                     yield update
                 time.sleep(POLL_S)
         finally:
@@ -426,6 +430,8 @@ class LiveApp:
                     yield from self.wait_for_fetch(need.model)
             else:
                 raise gr.Error("The model this trace names could not be made ready; try again in a minute.")
+        except gr.Error:
+            raise  # already one sentence (gr.Error is a ValueError too)
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
         finally:  # the upload has served its purpose (it is read once)

@@ -156,6 +156,16 @@ def tree_figure(m: MethodTrace, decode_one: DecodeOne, pick: int | None = None):
     return plots.draft_tree_figure(nodes, acc, decode_one, it)
 
 
+STEP_TREE_HEIGHT = 560  # the step view's tree: beside the caption, so the table below it starts on screen
+
+
+def step_tree_figure(m: MethodTrace, decode_one: DecodeOne):
+    """The latest iteration's tree for the step view: the same iteration as the caption and the table, with
+    labels on the nodes the table lists."""
+    it, nodes, acc = latest_tree(m)
+    return plots.draft_tree_figure(nodes, acc, decode_one, it, height=STEP_TREE_HEIGHT, visited_labels=True)
+
+
 def all_plots(trace: RunTrace, decode_one: DecodeOne, ar_tokens: int | None = None) -> tuple:
     ts = trace.tokenswift
     ar_ids = trace.ar.token_ids if ar_tokens is None else trace.ar.token_ids[:ar_tokens]
@@ -303,7 +313,7 @@ def step_update(trace: RunTrace, decode: Decode, decode_one: DecodeOne, status: 
     ts = trace.tokenswift
     out = full_update(trace, decode, decode_one, True, status)
     out.update(step_view=STEP_VIEW_SHOWN, step_caption=step_caption(ts, decode_one, trace.settings),
-               step_table=table_html(step_rows(ts, decode_one, trace.settings)), step_tree=out["tree_plot"],
+               step_table=table_html(step_rows(ts, decode_one, trace.settings)), step_tree=step_tree_figure(ts, decode_one),
                ts_text=pane_text(ts, decode, prompt_tail=prompt_tail(trace.prompt_ids, decode)),
                ts_stats=step_stats(ts, trace.max_new_tokens), summary=step_summary(trace),
                ar_stats="**AR** · not run in step mode (Step runs one TokenSwift iteration; Run compares both)",

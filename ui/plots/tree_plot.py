@@ -92,6 +92,12 @@ def _group(node: TreeNode) -> str:
     return node.source
 
 
+def _judged(nodes: list[TreeNode], i: int) -> bool:
+    """Whether the walk judged node i: the root, or a child of a node where the target drew."""
+    parent = nodes[i].parent
+    return not 0 <= parent < len(nodes) or nodes[parent].target_sample is not None
+
+
 def bonus_token(nodes: list[TreeNode], accepted_tokens: list[int]) -> tuple[int | None, bool]:
     """The target's own token after the accepted path, and whether the step emitted it.
 
@@ -110,11 +116,13 @@ _GROUP_NAMES = {Source.ROOT: "root token", "head1": "LM head (d1)", "head2": "he
 
 
 def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode: Callable[[int], str],
-                      iteration: int | None = None, height: int | None = None) -> go.Figure:
+                      iteration: int | None = None, height: int | None = None, visited_labels: bool = False) -> go.Figure:
     """The draft tree of one iteration (`Step.tree`) with its accepted path and bonus token.
 
     `accepted_tokens` is the step's accepted token ids; its last element is the bonus token. `decode`
     turns one token id into text. `height` defaults to one that gives every leaf row room for a label.
+    `visited_labels`: label only the nodes the walk judged (the root and the children of visited nodes), the
+    rows of the step table; the rest stay unlabelled dots, so a big tree fits a smaller height.
     """
     title_prefix = "Draft tree" if iteration is None else f"Draft tree, iteration {iteration}"
     if not nodes:
@@ -176,7 +184,8 @@ def draft_tree_figure(nodes: list[TreeNode], accepted_tokens: list[int], decode:
             marker=dict(size=13, color=color, line=dict(width=3, color="#111111")) if accepted else
             dict(size=9, color=blend(color, SOURCE_COLORS["rejected"], 0.5), opacity=0.6,
                  line=dict(width=0.5, color="#ffffff")),
-            text=[_html(token_label(decode(nodes[i].token))) for i in idx], textposition="middle right",
+            text=[_html(token_label(decode(nodes[i].token))) if not visited_labels or _judged(nodes, i) else ""
+                  for i in idx], textposition="middle right",
             textfont=dict(size=13, color="#111111", weight="bold", shadow="auto") if accepted else
             dict(size=11, color="#555555"),
             customdata=[_hover_data(nodes[i], decode) for i in idx],
