@@ -188,36 +188,64 @@ def test_stop_stops_a_long_run(page):
     assert 0 < produced < 20000
 
 
+def wait_status(pg, pattern: str, timeout: int = 120_000) -> str:
+    """Wait until the status line matches the regular expression `pattern` (or says an error); returns it."""
+    pg.wait_for_function("(p) => { const s = document.querySelector('#status'); "
+                         "return s && (new RegExp(p).test(s.innerText) || /rror/.test(s.innerText)); }",
+                         arg=pattern, timeout=timeout)
+    text = status_text(pg)
+    assert re.search(pattern, text), text
+    return text
+
+
+def step_once(pg, iteration: int | None = None) -> int:
+    """Press Step and wait for its answer; returns the iteration it ran (checked against `iteration` if given)."""
+    before = status_text(pg)
+    pg.click("#step-btn")
+    pg.wait_for_function("(old) => { const s = document.querySelector('#status').innerText; "
+                         "return s !== old && /iteration \\d+ done|rror/.test(s); }", arg=before, timeout=120_000)
+    done = int(re.search(r"iteration (\d+) done", status_text(pg)).group(1))
+    assert iteration is None or done == iteration, status_text(pg)
+    pg.wait_for_function(f"() => (document.querySelector('#step-caption') || {{innerText: ''}}).innerText"
+                         f".includes('Iteration {done} ')", timeout=30_000)
+    return done
+
+
 def test_step_runs_one_iteration_at_a_time(page):
-    page.click("#step-btn")
-    page.wait_for_function("() => document.querySelector('#step-caption').innerText.includes('Iteration 0')",
-                           timeout=60_000)
-    page.click("#step-btn")
-    page.wait_for_function("() => document.querySelector('#step-caption').innerText.includes('Iteration 1')",
-                           timeout=60_000)
+    step_once(page, 0)
+    step_once(page, 1)
     shot(page, "3-step")
     table = page.locator("#step-table").inner_text()
-    assert "root" in table and ("accepted" in table or "rejected" in table)
+    assert "start" in table and ("accepted" in table or "rejected" in table)
+
+
+def open_accordion(pg, name: str) -> None:
+    """Open (or close) the accordion `name`: its header is a button named `name` and an arrow."""
+    pg.get_by_role("button", name=re.compile("^" + re.escape(name) + " ")).click()
+
+
+def choose_tree(pg, name: str) -> None:
+    tree = pg.get_by_label("Draft tree preset")
+    tree.click()
+    tree.fill(name)
+    pg.get_by_role("option", name=name, exact=True).click()
 
 
 def test_step_under_fused_drafting_says_so(page):
-    page.get_by_text("Drafting", exact=True).click()  # the accordion
-    page.get_by_label("fused").check()
-    tree = page.get_by_label("Draft tree preset")
-    tree.click()
-    tree.fill("paper")
-    page.get_by_role("option", name="paper", exact=True).click()
+    open_accordion(page, "Drafting")
+    choose_tree(page, "paper")
+    page.get_by_label("fused").check()  # editable once the tree is not auto (auto decides the drafting itself)
     for it in (0, 1):
-        page.click("#step-btn")
-        page.wait_for_function(f"() => document.querySelector('#step-caption').innerText.includes('Iteration {it}.')",
-                               timeout=60_000)
+        step_once(page, it)
     caption = page.locator("#step-caption").inner_text()
     element_shot(page, "#step-caption", "3-step-fused-caption")
     assert "no draft forward (fused drafting)" in caption and "partial KV cache (" not in caption
+    open_accordion(page, "Drafting")  # closed again
 
 
 def test_case_study_presets_set_the_controls(page):
     expect = pytest.importorskip("playwright.sync_api").expect
+    open_accordion(page, "Case studies")
     page.get_by_text("Contextual penalty", exact=True).click()  # the accordion
     penalty = page.get_by_label("Penalise tokens of the last W tokens")
     page.get_by_role("button", name="Repetition: penalty off").click()
@@ -226,3 +254,143 @@ def test_case_study_presets_set_the_controls(page):
     assert page.locator("#prompt textarea").input_value().startswith("And it came to pass")
     page.get_by_role("button", name="Repetition: penalty on (θ 1.2, W 1024)").click()
     expect(penalty).to_be_checked()
+
+
+# ---- Classroom II: a page that tells the truth about what produced it ----------------------------------------
+# For each word of each step-table header cell: whether its characters lie on more than one line (a word broken).
+BROKEN_HEADER_WORDS_JS = """() => {
+  const broken = [];
+  for (const th of document.querySelectorAll('#step-table th')) {
+    const node = th.firstChild;
+    if (!node) continue;
+    const text = node.textContent;
+    for (const m of text.matchAll(/\\S+/g)) {
+      const range = document.createRange();
+      range.setStart(node, m.index); range.setEnd(node, m.index + m[0].length);
+      const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      if (tops.size > 1) broken.push(m[0]);
+    }
+  }
+  return broken;
+}"""
+TABLE_ROWS_JS = """() => [...document.querySelectorAll('#step-table tbody tr')].map(
+    tr => [...tr.querySelectorAll('td')].map(td => td.textContent))"""
+
+
+def control_value(pg, elem_id: str) -> str:
+    return pg.locator(f"#{elem_id} input").first.input_value()
+
+
+def test_a_step_explains_itself_beside_the_step_button_in_a_table_that_reads_right(page):
+    """At 1500x1100, the explanation is on screen together with the Step button (no scrolling); no header word is
+    broken; in every row the verdict agrees with the draw in the same row."""
+    page.set_viewport_size({"width": 1500, "height": 1100})
+    try:
+        page.evaluate("() => window.scrollTo(0, 0)")
+        step_once(page)
+        page.locator("#step-btn").scroll_into_view_if_needed()
+        path = ARTIFACTS / "4-step-1500x1100.png"
+        page.screenshot(path=str(path))  # the viewport only: what the student sees after pressing Step
+        print(f"\n[screenshot] {path}")
+        button, caption = page.locator("#step-btn").bounding_box(), page.locator("#step-caption").bounding_box()
+        assert 0 <= button["y"] and button["y"] + button["height"] <= 1100
+        assert 0 <= caption["y"] and caption["y"] + 120 <= 1100  # its first lines are on screen beside the button
+        assert page.evaluate(BROKEN_HEADER_WORDS_JS) == []
+        rows = page.evaluate(TABLE_ROWS_JS)
+        header = page.evaluate("() => [...document.querySelectorAll('#step-table th')].map(th => th.textContent)")
+        col = {name: k for k, name in enumerate(header)}
+        judged = [r for r in rows if r[col["verdict"]] in ("✅ accepted", "❌ rejected")]
+        assert judged, rows
+        for r in judged:
+            agree = r[col["the target drew there"]] == r[col["token"]]
+            assert agree == (r[col["verdict"]] == "✅ accepted"), r
+            assert "«" + r[col["the target drew there"]] + "»" in r[col["why"]], r
+        element_shot(page, "#step-view", "4-step-view")
+    finally:
+        page.set_viewport_size({"width": 1600, "height": 2200})
+
+
+def test_a_run_after_a_step_clears_the_step_view_and_says_what_produced_the_page(page):
+    assert page.locator("#step-caption").is_visible()
+    set_max_new(page, 150)
+    page.click("#run-btn")
+    wait_status(page, r"^Done", timeout=300_000)
+    assert not page.locator("#step-view").is_visible() and page.locator("#step-caption").count() == 0
+    provenance = page.locator("#provenance").inner_text()
+    assert "a Run started by this page" in provenance and "150 new tokens" in provenance
+    assert "tree paper" in provenance  # Step had turned auto into the paper's tree, and the control says so
+    assert "step mode" not in page.locator("#ar-stats").inner_text() + page.locator("#ts-stats").inner_text()
+    shot(page, "5-run-after-step")
+
+
+def test_load_restores_every_control_and_says_it_is_a_replay(page, tmp_path):
+    expect = pytest.importorskip("playwright.sync_api").expect
+    page.get_by_label("Greedy (temperature 0)").uncheck()
+    for elem_id, value in (("temperature", "0.7"), ("seed", "5")):
+        box = page.locator(f"#{elem_id} input").first
+        box.fill(value)
+        box.press("Tab")
+    set_max_new(page, 120)
+    page.click("#run-btn")
+    wait_status(page, r"^Done", timeout=300_000)
+    prompt = page.locator("#prompt textarea").input_value()
+    with page.expect_download() as download:
+        page.click("#export-btn")
+        page.locator("#export-file a").first.click(timeout=60_000)
+    saved = tmp_path / "run.json"
+    download.value.save_as(saved)
+    open_accordion(page, "Case studies")
+    page.get_by_role("button", name="Repetition: penalty off").click()  # other controls, and the views cleared
+    expect(page.locator("#max-new input")).to_have_value("1500")
+    assert "nothing yet" in page.locator("#provenance").inner_text()
+    with page.expect_file_chooser() as chooser:
+        page.click("#replay-btn")
+    chooser.value.set_files(str(saved))
+    wait_status(page, r"^Replay of a saved run", timeout=120_000)
+    shot(page, "6-after-load")
+    expect(page.locator("#max-new input")).to_have_value("120")
+    assert page.locator("#prompt textarea").input_value() == prompt
+    expect(page.get_by_label("Greedy (temperature 0)")).not_to_be_checked()
+    assert float(control_value(page, "temperature")) == pytest.approx(0.7)
+    assert control_value(page, "seed") == "5"
+    assert "a replay of a saved run" in page.locator("#provenance").inner_text()
+    assert "120 / 120 tokens" in page.locator("#ts-stats").inner_text()
+
+
+def test_each_lesson_runs_from_one_click(page):
+    from ui.lessons import LESSONS, RUN
+
+    expect = pytest.importorskip("playwright.sync_api").expect
+    for k, (title, lesson) in enumerate(LESSONS.items(), start=1):
+        page.get_by_role("button", name=title).click()
+        if lesson.action == RUN:
+            status = wait_status(page, r"^(Running|Done|TokenSwift finished|AR finished)", timeout=120_000)
+            page.wait_for_timeout(1500)
+            shot(page, f"7-lesson-{k}-running")
+            if not status_text(page).startswith("Done"):
+                page.click("#stop-btn")
+            status = wait_status(page, r"^(Done|Stopped)", timeout=120_000)
+            assert "a Run started by this page" in page.locator("#provenance").inner_text()
+        else:
+            status = wait_status(page, "iteration 0 done")
+            expect(page.locator("#step-caption")).to_contain_text("Iteration 0")
+            assert page.locator("#step-table tbody tr").count() >= 2
+            shot(page, f"7-lesson-{k}-step")
+        assert page.locator("#lesson").inner_text().startswith(f"Lesson {k}"), status
+        expect(page.locator("#max-new input")).to_have_value(str(lesson.values()["max_new"]))
+        greedy = page.get_by_label("Greedy (temperature 0)")
+        (expect(greedy).to_be_checked if lesson.values()["greedy"] else expect(greedy).not_to_be_checked)()
+        assert page.locator("#prompt textarea").input_value() == lesson.values()["prompt"]
+
+
+def test_auto_greys_out_the_controls_it_decides(page):
+    open_accordion(page, "Drafting")
+    choose_tree(page, "auto")
+    page.wait_for_timeout(500)
+    for elem_id in ("draft", "kv-mode"):
+        assert page.locator(f"#{elem_id} input").first.is_disabled(), elem_id
+    assert "decided by tree=auto" in page.locator("#kv-mode").inner_text()
+    element_shot(page, "#kv-mode", "8-auto-greys-kv-mode")
+    choose_tree(page, "paper")
+    page.wait_for_timeout(500)
+    assert page.locator("#draft input").first.is_enabled()

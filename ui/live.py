@@ -52,6 +52,7 @@ class Session:
     greedy: bool = True
     step_key: RunRequest | None = None  # the classroom run the engine holds for this session
     seed: int | None = None  # the seed of the run shown (None: a replay of a file that names none)
+    hurry: bool = False  # Stop pressed while the race display reveals a finished run: show the rest at once
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def kept_bytes(self) -> int:
@@ -277,6 +278,7 @@ class LiveApp:
         runner = self.engine.runner(controls.model, run_request, self.limits.request_timeout_s, self.client(request))
         session.runner, session.trace, session.model = runner, trace, controls.model
         session.greedy, session.step_key, session.seed = controls.settings.greedy, None, controls.seed
+        session.hurry = False
         runner.start()
         decode, decode_one, greedy = codec.decode, codec.decode_one, session.greedy
         provenance = ("**What you see**: a Run started by this page · "
@@ -299,9 +301,9 @@ class LiveApp:
                         trace.add(step)
                     started = started or bool(steps)
                 now = time.monotonic()
-                if finished is not None and not _completed(finished):
+                if finished is not None and (session.hurry or not _completed(finished)):
                     clock.finish(trace)  # stopped or failed: show what there is at once
-                if finished is not None and (clock.caught_up(trace) or not _completed(finished)):
+                if finished is not None and clock.caught_up(trace):
                     yield render.full_update(trace, decode, decode_one, greedy, final_status(finished, trace))
                     return
                 if not started:
@@ -330,6 +332,9 @@ class LiveApp:
         if session.runner is not None and session.runner.alive:
             session.runner.stop()
             return "Stopping after the current iteration…"
+        if session.trace is not None and session.step_key is None:
+            session.hurry = True  # a finished run still being revealed at pace: show the rest now
+            return "Showing the rest of the race at once…"
         return "Nothing is running."
 
     # ---- classroom step mode ----------------------------------------------------------------------------------
