@@ -2,6 +2,7 @@
 
 Where this machine cannot build them (no C compiler, no AVX2 with FMA) the kernel tests skip with the reason, and the
 fallback tests still run: then every model runs through PyTorch, as the rest of the suite checks."""
+import ctypes
 import json
 import os
 import platform
@@ -14,7 +15,7 @@ import torch
 
 import tokenswift as ts
 from tokenswift.kv_cache import KVCache
-from tokenswift.native import build, decide, layers, panels, rows_attention
+from tokenswift.native import abi, build, decide, layers, panels, rows_attention
 from tokenswift.sampling import decide_rows, seen_rows
 
 from conftest import random_heads, tiny_config
@@ -410,30 +411,121 @@ def test_a_failing_compiler_leaves_the_pytorch_path(tmp_path):
     assert without["greedy"] == without["greedy-ar"] and without["sampled"] == without["sampled-ar"]
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the kernels build only on x86-64")
-def test_a_source_that_does_not_build_is_not_compiled_again(tmp_path):
-    """A build failure (a source that #errors on this CPU) is remembered per machine and variant: a later process
-    does not run the compiler again for it, and gives the same reason."""
-    log = tmp_path / "calls"
-    compiler = tmp_path / "cc"
-    compiler.write_text(f"#!/bin/sh\necho called >> {log}\necho 'x.c:1:2: error: #error nope' >&2\nexit 1\n")
+LOAD = ("from tokenswift.native import build, panels; print(panels.available(), '|', build.loaded_variant() and "
+        "build.loaded_variant().name, '|', panels.why_unavailable())")
+
+
+def fake_compiler(tmp_path, body: str) -> tuple[Path, Path]:
+    """A compiler that logs each call and then runs `body` (sh), and the log."""
+    log, compiler = tmp_path / "calls", tmp_path / "cc"
+    compiler.write_text(f"#!/bin/sh\necho called >> {log}\n{body}\n")
     compiler.chmod(0o755)
-    code = "from tokenswift.native import build; print(build.load('panel_mm') is None, '|', build.why_not('panel_mm'))"
+    return compiler, log
+
+
+def calls(log: Path) -> int:
+    return log.read_text().count("called") if log.exists() else 0
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= build.cpu_flags(), reason="the kernels need an x86-64 CPU with AVX2 and FMA")
+def test_a_variant_the_compiler_refuses_is_not_compiled_again(tmp_path):
+    """A compiler's refusal (an #error, an unknown -m option) is remembered per machine, compiler and variant: a later
+    process does not run the compiler again for it, and gives the same reason."""
+    compiler, log = fake_compiler(tmp_path, "echo 'x.c:1:2: error: #error nope' >&2\nexit 1")
     env = dict(CC=str(compiler), TOKENSWIFT_CACHE=str(tmp_path / "cache"), TOKENSWIFT_NATIVE="1")
-    first = run_isolated(code, TOKENSWIFT_ISA="native", **env)
-    second = run_isolated(code, TOKENSWIFT_ISA="native", **env)
-    assert first.startswith("True |") and "could not build panel_mm.c" in first and "#error nope" in first
-    assert second.startswith("True |") and "#error nope" in second and "remembered in" in second
-    assert log.read_text().count("called") == 1
-    run_isolated(code, TOKENSWIFT_ISA="avx2", **env)  # another variant: built (and failed) on its own
-    assert log.read_text().count("called") == 2
+    first = run_isolated(LOAD, TOKENSWIFT_ISA="avx2", **env)
+    once = calls(log)
+    second = run_isolated(LOAD, TOKENSWIFT_ISA="avx2", **env)
+    assert first.startswith("False | None |") and "could not build" in first and "#error nope" in first
+    assert second.startswith("False | None |") and "#error nope" in second and "remembered in" in second
+    assert once >= 1 and calls(log) == once
+    run_isolated(LOAD, TOKENSWIFT_ISA="native", **env)  # other variants: built (and refused) on their own
+    assert calls(log) > once
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= build.cpu_flags(), reason="the kernels need an x86-64 CPU with AVX2 and FMA")
+@pytest.mark.parametrize("body", ["kill -9 $$", "echo 'cc1: fatal error: error writing to /tmp/x.s: No space left on "
+                                  "device' >&2\nexit 1", "echo 'cc: fatal error: Killed signal terminated program cc1' "
+                                  ">&2\nexit 1"], ids=["signal", "disk-full", "killed"])
+def test_a_transient_build_failure_is_not_remembered(tmp_path, body):
+    """A failure that says nothing about the compiler (killed, a full disk) is not cached: the next process builds."""
+    compiler, log = fake_compiler(tmp_path, body)
+    env = dict(CC=str(compiler), TOKENSWIFT_CACHE=str(tmp_path / "cache"), TOKENSWIFT_NATIVE="1", TOKENSWIFT_ISA="avx2")
+    assert run_isolated(LOAD, **env).startswith("False | None |")
+    once = calls(log)
+    assert run_isolated(LOAD, **env).startswith("False | None |") and calls(log) > once
+    assert not list((tmp_path / "cache").rglob("*.failed"))
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= build.cpu_flags(), reason="the kernels need an x86-64 CPU with AVX2 and FMA")
+def test_a_better_variant_that_does_not_build_leaves_the_next_one(tmp_path):
+    """Where the best variant this CPU runs does not build (a compiler without -mamx-tile, say), the next one
+    loads, in this process and, without a second try at the refused one, in the next."""
+    best = next(v for v in build.VARIANTS.values() if v.cpu <= build.cpu_flags())
+    if best.name == "avx2":
+        pytest.skip("this CPU's best variant is the last one")
+    refused = best.flags[-1]
+    compiler, log = fake_compiler(tmp_path, f"case \"$*\" in *{refused}*) echo \"cc1: error: unrecognized command-line "
+                                            f"option '{refused}'\" >&2; exit 1;; esac\nexec gcc \"$@\"")
+    env = dict(CC=str(compiler), TOKENSWIFT_CACHE=str(tmp_path / "cache"), TOKENSWIFT_NATIVE="1", TOKENSWIFT_ISA="")
+    first = run_isolated(LOAD + "; print(panels.describe())", **env)
+    once = calls(log)
+    second = run_isolated(LOAD + "; print(panels.describe())", **env)
+    assert first.startswith("True |") and f"| {best.name} |" not in first and "unrecognized" in first
+    assert second.startswith("True |") and "remembered in" in second and calls(log) == once
 
 
 def test_an_unknown_kernel_variant_is_refused():
     done = subprocess.run([sys.executable, "-c", "from tokenswift.native import panels; panels.available()"],
                           cwd=ROOT, env={**os.environ, "TOKENSWIFT_ISA": "avx9"}, capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode != 0 and "TOKENSWIFT_ISA='avx9': expected one of native, avx2" in done.stderr
+    assert done.returncode != 0 and "TOKENSWIFT_ISA='avx9': expected one of native, amx, avx512, avx2" in done.stderr
+
+
+@needs_panels
+def test_every_struct_crossing_into_c_has_the_size_c_gives_it():
+    lib = build.library()
+    assert abi.mismatch(lib) == ""
+    for name, struct in abi.STRUCTS.items():
+        size_of = lib[f"sizeof_{name}"]
+        size_of.restype = ctypes.c_size_t
+        assert size_of() == ctypes.sizeof(struct) > 0
+
+
+@needs_stack
+def test_the_kernels_refuse_sizes_and_slots_out_of_range():
+    """Bounds are checked in C, not only by the Python wrappers: a head size past rotate's buffer, a slot past
+    the cache, a tree whose parents do not precede their children, a scratch too small are refused before any
+    write."""
+    import numpy as np
+
+    lib = layers._library()
+    cache = KVCache([torch.device("cpu")] * 2, 8, 1, 64, torch.float32)
+    k_ptrs, v_ptrs = layers.cache_pointers(cache)
+    src = (ctypes.c_long * 2)(6, 9)  # slot 9 is past the 8 slots
+    assert lib.move_slots(k_ptrs, v_ptrs, 2, 1, 8 * 64, 64, src, 2, 5) == -1
+    x = torch.randn(2, 40)
+    assert lib.rms_norm_rows(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 40, 1e-6) == -1  # not a multiple of 16
+    h = torch.zeros(1, 256)
+    weights = (abi.LayerWeights * 1)()
+    scratch = torch.empty(1 << 20)
+    for d, start in ((256, 0), (64, 8)):  # a head size past 128; a new token past the cache's last slot
+        code = lib.layer_rows(h.data_ptr(), 1, 1, weights, h.data_ptr(), h.data_ptr(), k_ptrs, v_ptrs, 8 * 64, start,
+                              None, 256, 1, 1, d, 256, 1e-6, 1.0, scratch.data_ptr(), scratch.numel(), None)
+        assert code == -1, (d, start)
+    assert torch.equal(h, torch.zeros(1, 256))
+    vocab = 100
+    logits = torch.randn(3, vocab)
+    history = torch.zeros(4, dtype=torch.int64)
+    bad_tree = np.array([[1, 2, 3], [-1, 2, 0]], dtype=np.int64)  # node 1's parent comes after it
+    assert decide.walk_tree(logits, history.data_ptr(), 4, 4, bad_tree, decide.Rule(), 0, False) is None
+    good_tree = np.array([[1, 2, 3], [-1, 0, 0]], dtype=np.int64)
+    assert decide.walk_tree(logits, history.data_ptr(), 4, 4, good_tree, decide.Rule(), 0, False) is not None
+    fn = decide._function()  # the published, checked function
+    tokens = np.empty(3, dtype=np.int64)
+    small = np.empty(16, dtype=np.uint8)
+    assert fn(logits.data_ptr(), 3, vocab, history.data_ptr(), 4, 4, None, None, 1.0, 1, 1.0, 0.0, None,
+              tokens.ctypes.data, None, small.ctypes.data, small.nbytes) == -2
 
 
 @needs_panels
@@ -446,7 +538,7 @@ def test_the_kernel_variant_is_described_in_one_line():
 # Variants of the kernels this CPU can run besides its native build: each reruns this file in a fresh process,
 # where the forced variant's libraries are built (cached apart from the native ones) and self-checked.
 VARIANT_ENV = "TOKENSWIFT_TEST_VARIANT"  # set in those processes: they do not start variants again
-FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512-without-amx": {"TOKENSWIFT_AMX": "0"}}
+FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512-without-amx": {"TOKENSWIFT_ISA": "avx512"}}
 
 
 def variant_unavailable(name: str) -> str:
@@ -456,16 +548,17 @@ def variant_unavailable(name: str) -> str:
         return f"this process runs the forced {os.environ[VARIANT_ENV]} variant"
     if os.environ.get(build.DISABLE_ENV, "1") == "0":
         return f"native kernels off ({build.DISABLE_ENV}=0)"
+    loaded = build.loaded_variant()
     if name == "avx2":
-        if not {"avx2", "fma"} <= flags:
+        if not build.VARIANTS["avx2"].cpu <= flags:
             return "this CPU has no AVX2 with FMA"
-        if "avx512f" not in flags or build.variant() == "avx2":
-            return "this run's kernels are the AVX2 build already"
+        if loaded is None or loaded.name == "avx2":
+            return "this run's kernels are the AVX2 build already (or none)"
     if name == "avx512-without-amx":
-        if "avx512f" not in flags or build.variant() != "native":
-            return "this run's kernels are not the AVX-512 build"
-        if not panels.amx_available():
-            return "AMX is not in use in this run (no AMX, or TOKENSWIFT_AMX=0): it is that variant already"
+        if not build.VARIANTS["avx512"].cpu <= flags:
+            return "this CPU has no AVX-512"
+        if loaded is None or loaded.name != "amx":
+            return "this run's kernels are not the AMX build: the AVX-512 build is this run's or out of reach"
     return ""
 
 
@@ -522,7 +615,8 @@ def test_native_decision_matches_the_pytorch_chain(settings):
     for trial in range(40):
         logits = torch.randn(len(extras), vocab, generator=gen) * 4
         u = torch.rand(len(extras), generator=gen, dtype=torch.float64)
-        got = decide.decide_rows(logits, history, n, settings.penalty_window, extras, settings, u, want_probs=True)
+        got = decide.decide_rows(logits, history, n, settings.penalty_window, extras, decide.rule_of(settings), u,
+                                 want_probs=True)
         seen = seen_rows(history, n, settings.penalty_window, extras, vocab) if settings.penalty != 1.0 else None
         tokens, probs = decide_rows(logits, seen, settings, u, want_probs=True)
         assert got is not None
@@ -541,9 +635,10 @@ def test_a_decision_does_not_depend_on_the_rows_decided_with_it():
     logits = torch.randn(4, vocab, generator=gen) * 3
     u = torch.rand(4, generator=gen, dtype=torch.float64)
     for settings in DECIDE_SETTINGS:
-        together = decide.decide_rows(logits, history, 250, settings.penalty_window, extras, settings, u, True)
+        chain = decide.rule_of(settings)
+        together = decide.decide_rows(logits, history, 250, settings.penalty_window, extras, chain, u, True)
         for r in range(4):
-            alone = decide.decide_rows(logits[r : r + 1], history, 250, settings.penalty_window, [extras[r]], settings,
+            alone = decide.decide_rows(logits[r : r + 1], history, 250, settings.penalty_window, [extras[r]], chain,
                                        u[r : r + 1], True)
             assert alone[0][0] == together[0][r] and torch.equal(alone[1][0], together[1][r])
 
@@ -561,7 +656,7 @@ def test_sampled_tokens_follow_the_target_distribution():
     u_all = torch.rand(draws, generator=gen, dtype=torch.float64)
     probs = None
     for i in range(draws):
-        tokens, probs = decide.decide_rows(logits, history, 1, 1, [[]], settings, u_all[i : i + 1], True)
+        tokens, probs = decide.decide_rows(logits, history, 1, 1, [[]], decide.rule_of(settings), u_all[i : i + 1], True)
         counts[tokens[0]] += 1
     expected = probs[0].double() * draws
     kept = expected > 0
@@ -585,14 +680,14 @@ def test_native_walk_matches_the_exact_walk_over_decided_rows(settings):
     history = torch.randint(0, vocab, (n + 20,), generator=gen)
     depths = []
     for trial in range(30):
-        logits, tree = decide.random_draft(torch.randn(24, vocab, generator=gen) * 5, int(history[n - 1]), 4, gen)
+        logits, tree = random_draft(torch.randn(24, vocab, generator=gen) * 5, int(history[n - 1]), 4, gen)
         u = torch.rand(len(tree), generator=gen, dtype=torch.float64)
         table = np.array([tree.tokens, tree.parents], dtype=np.int64)
-        got = decide.walk_tree(logits, history.data_ptr(), n, settings.penalty_window, table, settings, u.data_ptr(),
-                               True)
+        chain = decide.rule_of(settings)
+        got = decide.walk_tree(logits, history.data_ptr(), n, settings.penalty_window, table, chain, u.data_ptr(), True)
         assert got is not None
         picks, probs = decide.decide_rows(logits, history, n, settings.penalty_window, tree.ancestor_tokens(),
-                                          settings, u[torch.tensor(tree.depths)], want_probs=True)
+                                          chain, u[torch.tensor(tree.depths)], want_probs=True)
         path, bonus = exact_walk(tree, picks.__getitem__)
         assert (got[0], got[1]) == (path, bonus)
         for node in [0] + path:
@@ -602,14 +697,32 @@ def test_native_walk_matches_the_exact_walk_over_decided_rows(settings):
     assert max(depths) >= 3 and len(set(depths)) >= 3, depths  # walks of several lengths, some deep
 
 
+def random_draft(logits: torch.Tensor, root: int, follow_every: int, gen: torch.Generator):
+    """A random draft trie for checking walks: node i (1 <= i < rows of logits) hangs below a random earlier node and
+    holds that node's likeliest token, except every `follow_every`-th, which holds a random one (merged where equal),
+    so that decisions often follow it and walks go deep. Returns (the logits of its nodes, contiguous; the trie)."""
+    from tokenswift.kinds import Source
+    from tokenswift.tree import DraftTree
+
+    tree = DraftTree.with_root(root)
+    top = logits.argmax(-1).tolist()
+    for i in range(1, logits.shape[0]):
+        parent = int(torch.randint(0, len(tree), (1,), generator=gen))
+        token = top[parent] if i % follow_every else int(torch.randint(0, logits.shape[1], (1,), generator=gen))
+        if token not in tree.children[parent]:
+            tree.add_node(parent, token, Source.NGRAM, 1.0)
+    return logits[: len(tree)].contiguous(), tree
+
+
 def test_native_decision_declines_settings_it_does_not_implement():
     logits = torch.randn(1, 64)
     history = torch.zeros(4, dtype=torch.int64)
     u = torch.rand(1, dtype=torch.float64)
     for settings in (ts.Settings(temperature=1.0, top_k=5), ts.Settings(temperature=1.0, top_p=0.9),
                      ts.Settings(temperature=1.0, eta=0.001)):
-        assert decide.decide_rows(logits, history, 4, 4, [[]], settings, u, True) is None
-    assert decide.decide_rows(logits.double(), history, 4, 4, [[]], ts.Settings(), None, False) is None
+        assert decide.rule_of(settings) is None
+        assert decide.decide_rows(logits, history, 4, 4, [[]], decide.rule_of(settings), u, True) is None
+    assert decide.decide_rows(logits.double(), history, 4, 4, [[]], decide.Rule(), None, False) is None
 
 
 def test_heads_draft_over_the_first_token_ids_on_a_cpu():

@@ -36,7 +36,7 @@ _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 # native kernel wins at every length (ms for 8 layers, PyTorch's split form / native): 4K keys, 4 / 8 / 16 tokens
 # 9.7 / 5.4, 12.0 / 8.7, 17.5 / 14.8; 9K keys 19.9 / 12.7, 25.1 / 21.8, 36.3 / 28.1; 16K keys 29.8 / 23.1,
 # 37.0 / 33.2, 72.8 / 62.8 (`attend` with each routing forced, one thread).
-NATIVE_ROWS = 48  # stacked rows (group size x new tokens) up to which the native kernel serves, at any length
+NATIVE_ROWS = rows_attention.MAX_ROWS  # 48 stacked rows (group size x new tokens): the native kernel, any length
 
 
 def attend(

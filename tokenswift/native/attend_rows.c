@@ -11,10 +11,12 @@
    k, v: per KV head, keys 0..s-1 with a row stride of d floats and head_stride floats between heads.
    The first s - t keys are visible to every row; the last t keys are the new tokens, visible where
    block_mask[(r % t) * t + j] is nonzero (block_mask may be NULL: all visible).
-   out: (hkv, rows, d). Returns 0, or -1 for a head size it does not handle (64 and 128 only). */
+   out: (hkv, rows, d). scratch: attend_rows_scratch(rows, s) floats for the scores (passed by the caller:
+   nothing is allocated per call). Returns 0, KERNEL_BAD_ARGUMENTS for a head size it does not handle (64 and 128
+   only: the key tile below holds 128 columns) or counts out of range, or KERNEL_SMALL_SCRATCH. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
+#include "kernels.h"
 #include "vector_exp.h"
 
 #define KEYS 16
@@ -340,12 +342,19 @@ DEFINE_VALUES_AVX2(values_d64, 64)
 DEFINE_VALUES_AVX2(values_d128, 128)
 #endif
 
+/* Floats of scratch attend_rows needs: one row of scores per query row, padded to whole key blocks. */
+long attend_rows_scratch(int rows, int s) {
+    if (rows < 1 || s < 1) return 0;
+    return (long)rows * ((s + KEYS - 1) / KEYS * KEYS);
+}
+
 int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,
-                int t, int s, int d, float scale, const unsigned char *block_mask) {
-    if (d != 64 && d != 128) return -1;
+                int t, int s, int d, float scale, const unsigned char *block_mask, float *scratch, long scratch_floats) {
+    if ((d != 64 && d != 128) || hkv < 1 || t < 1 || rows < 1 || s < t || (hkv > 1 && head_stride < (long)s * d))
+        return KERNEL_BAD_ARGUMENTS;
+    if (scratch == NULL || scratch_floats < attend_rows_scratch(rows, s)) return KERNEL_SMALL_SCRATCH;
     int s_pad = (s + KEYS - 1) / KEYS * KEYS;
-    float *scores = (float *)aligned_alloc(64, (size_t)rows * s_pad * sizeof(float));
-    if (!scores) return -2;
+    float *scores = scratch;
     int prefix = s - t;
     for (int h = 0; h < hkv; h++) {
         const float *qh = q + (size_t)h * rows * d;
@@ -363,6 +372,5 @@ int attend_rows(const float *q, const float *k, const float *v, long head_stride
         if (d == 64) values_d64(scores, vh, oh, rows, s, s_pad);
         else values_d128(scores, vh, oh, rows, s, s_pad);
     }
-    free(scores);
     return 0;
 }

@@ -1,16 +1,26 @@
-"""Compile a C source of this folder into a shared library once per machine, and load it with ctypes.
+"""The native kernels as one shared library per instruction-set variant: built once per machine from the C files of
+this folder, the variant chosen from the CPU's features at run time, each kernel published after its self-check.
 
-No torch headers are involved (a plain C file compiles in well under a second), and nothing is required:
-without a C compiler, on a CPU the source does not support, or with TOKENSWIFT_NATIVE=0, `load` returns
-None and callers keep their PyTorch path. Libraries are cached under $TOKENSWIFT_CACHE (default
-~/.cache/tokenswift), named by a hash of the source, the flags, this machine's CPU and the compiler, and written
-atomically so that concurrent processes can build the same one. A source that does not build (one that
-`#error`s on this CPU, as panel_amx.c without AMX) is remembered the same way, so later processes do not run
-the compiler again for it.
+Variants (as llama.cpp's CPU backend builds one library per variant and picks one by the CPU's features):
+  amx     AVX-512 (F, BW, DQ, VL) and AMX tiles: Sapphire Rapids and later Xeons
+  avx512  AVX-512 (F, BW, DQ, VL): Skylake-X and later Xeons, AMD Zen 4 and 5
+  avx2    AVX2 with FMA: Haswell and later, AMD Zen 1-3
+Each library is linked from separate compilation units (one per .c file; panel_amx.c in "amx" only), compiled with
+its variant's instruction-set flags, not -march=native: which variant a process runs is decided here from the
+features /proc/cpuinfo lists (`cpu_flags`), the best one first, never by whether a compiler hits an #error.
+TOKENSWIFT_ISA names one variant instead (an AVX-512 host then runs and tests the AVX2 kernels).
 
-Variants (TOKENSWIFT_ISA): "native" (the default) builds for this CPU (-march=native); "avx2" builds the AVX2 +
-FMA kernels without AVX-512 (and so without AMX) on a CPU that has more, so that an AVX-512 host runs and tests
-the kernels an AVX2 CPU gets. Each variant has its own cached libraries (`<name>-avx2-<hash>.so`).
+Nothing is required: without a C compiler, on a CPU without AVX2 and FMA, or with TOKENSWIFT_NATIVE=0 no library
+loads, `function` returns None and callers keep their PyTorch path; `why_not(name)` says why. Libraries are
+cached under $TOKENSWIFT_CACHE/native (default ~/.cache/tokenswift), named by the variant and a hash of the
+sources, the flags and the compiler, and written atomically, so that concurrent processes can build the same one.
+A variant the compiler refuses (a compiler too old for -mamx-tile, say) is remembered there the same way
+(`<variant>-<hash>.failed`), so later processes go straight to the next variant without running the compiler;
+a failure that says nothing about the compiler (a timeout, a signal, a full disk, an internal compiler error)
+is not remembered. Measured on the 2-vCPU Sapphire Rapids host (default model's kernels): a cold first process
+builds the amx library and runs every self-check in about 2.0 s (it was 3.2 s for the six libraries of one
+kernel each); a warm one loads it in 0.04 s; where the amx variant cannot build, the first process spends
+0.5 s more on the refusal and every later one none.
 """
 from __future__ import annotations
 
@@ -22,27 +32,50 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import abi
+
 DISABLE_ENV = "TOKENSWIFT_NATIVE"  # "0": never build or load native kernels
 CACHE_ENV = "TOKENSWIFT_CACHE"
-ISA_ENV = "TOKENSWIFT_ISA"  # a key of VARIANTS: which kernel variant to build (default "native")
-# -ffp-contract=off: a product and a sum are rounded where the C says, never fused behind its back, so that a
-# kernel compiled into two libraries (layer_rows.c includes panel_mm.c and attend_rows.c) computes the same.
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC")
-# variant -> flags added to FLAGS. -mno-avx512f turns off every AVX-512 extension; the AMX sources need AVX-512
-# and #error without it.
-VARIANTS = {"native": (), "avx2": ("-mno-avx512f",)}
+ISA_ENV = "TOKENSWIFT_ISA"  # "native" (default: the best variant this CPU runs) or a key of VARIANTS
+# -ffp-contract=off: a product and a sum are rounded where the C says, never fused behind its back, so that every
+# variant computes what its intrinsics say and the element-wise functions what PyTorch's do.
+COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC")
+UNITS = ("panel_mm.c", "attend_rows.c", "layer_rows.c", "decide_rows.c")
+_AVX2 = ("-mavx2", "-mfma")
+_AVX512 = _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")
+BUILD_TIMEOUT_S = 180
 HERE = Path(__file__).resolve().parent
 
-_loaded: dict[str, ctypes.CDLL | None] = {}
-_reasons: dict[str, str] = {}
+
+@dataclass(frozen=True)
+class Variant:
+    """One library: its compiler flags, the CPU features (as /proc/cpuinfo names them) it needs, its sources."""
+
+    name: str
+    flags: tuple[str, ...]
+    cpu: frozenset[str]
+    sources: tuple[str, ...]
+
+
+VARIANTS = {v.name: v for v in (  # the best first
+    Variant("amx", _AVX512 + ("-mamx-tile", "-mamx-bf16"),
+            frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "amx_tile", "amx_bf16"}),
+            UNITS + ("panel_amx.c",)),
+    Variant("avx512", _AVX512, frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), UNITS),
+    Variant("avx2", _AVX2, frozenset({"avx2", "fma"}), UNITS),
+)}
+
+_library: dict[str, object] = {}  # "lib": the loaded CDLL or None, "variant": its Variant, "why", "passed over"
+_reasons: dict[str, str] = {}  # kernel name -> why `function(name)` returned None
 _functions: dict[str, object] = {}
 
 
 def _cpu_identity() -> str:
-    """What -march=native depends on: the CPU model and its flags."""
+    """The CPU's model name and feature flags (Linux), or what the platform says."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -52,11 +85,16 @@ def _cpu_identity() -> str:
 
 
 def cpu_flags() -> set[str]:
-    """This CPU's feature flags as Linux lists them ("avx2", "fma", "avx512f", "amx_tile", ...); empty elsewhere."""
+    """This CPU's feature flags as Linux lists them ("avx2", "fma", "avx512f", "amx_tile", ...). Where there is no
+    /proc/cpuinfo, the flags of the capability PyTorch detected at run time ("AVX512" or "AVX2"), else none."""
     for line in _cpu_identity().splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
-    return set()
+    import torch  # only off Linux: PyTorch probes the CPU at run time with cpuid
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    return set(VARIANTS["avx512"].cpu if capability.startswith("AVX512") else
+               VARIANTS["avx2"].cpu if capability == "AVX2" else ())
 
 
 def cpu_kind() -> str:
@@ -74,10 +112,6 @@ def cpu_kind() -> str:
 
 def cache_dir() -> Path:
     """Where built libraries and fetched models live: $TOKENSWIFT_CACHE or ~/.cache/tokenswift."""
-    return _cache_dir()
-
-
-def _cache_dir() -> Path:
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "tokenswift")
     path = Path(root)
     try:
@@ -92,16 +126,82 @@ def _cache_dir() -> Path:
 
 
 def variant() -> str:
-    """The kernel variant this process builds (TOKENSWIFT_ISA, default "native"); an unknown name is an error."""
+    """The variant this process asks for (TOKENSWIFT_ISA): "native" (the best this CPU runs, the default) or a key
+    of VARIANTS; an unknown name is an error."""
     name = os.environ.get(ISA_ENV, "") or "native"
-    if name not in VARIANTS:
-        raise ValueError(f"{ISA_ENV}={name!r}: expected one of {', '.join(VARIANTS)}")
+    if name != "native" and name not in VARIANTS:
+        raise ValueError(f"{ISA_ENV}={name!r}: expected one of native, {', '.join(VARIANTS)}")
     return name
 
 
-def flags() -> tuple[str, ...]:
-    """The compiler flags of this process's variant."""
-    return FLAGS[:2] + VARIANTS[variant()] + FLAGS[2:]
+def loaded_variant() -> Variant | None:
+    """The variant whose library this process loaded (None where none did)."""
+    library()
+    return _library["variant"]
+
+
+def passed_over() -> list[str]:
+    """Why better variants than the loaded one were not used, one line each ("amx: ... could not build ...")."""
+    library()
+    return list(_library["passed over"])
+
+
+def library() -> ctypes.CDLL | None:
+    """This process's kernel library (built on first use), or None (see `why_not`)."""
+    if "lib" not in _library:
+        chosen = variant()  # a malformed TOKENSWIFT_ISA is refused on every machine, not only where kernels build
+        lib, picked, why, passed = None, None, "", []
+        if os.environ.get(DISABLE_ENV, "1") == "0":
+            why = f"{DISABLE_ENV}=0"
+        elif platform.machine().lower() not in ("x86_64", "amd64"):
+            why = f"not an x86-64 CPU ({platform.machine()})"
+        elif (compiler := _compiler()) is None:
+            why = "no C compiler found (CC, cc, gcc or clang)"
+        else:
+            flags = cpu_flags()
+            for candidate in ([VARIANTS[chosen]] if chosen != "native" else VARIANTS.values()):
+                missing = sorted(candidate.cpu - flags)
+                if missing:
+                    passed.append(f"{candidate.name}: this CPU lacks {', '.join(missing)}")
+                    continue
+                lib, reason = _build_and_load(candidate, compiler)
+                if lib is not None:
+                    picked = candidate
+                    break
+                passed.append(f"{candidate.name}: {reason}")
+            if lib is None:
+                why = "; ".join(passed) or "no variant"
+        _library.update(lib=lib, variant=picked, why=why, **{"passed over": passed if lib is not None else []})
+    return _library["lib"]
+
+
+def function(name: str, restype, argtypes: list, self_check: Callable[[Callable], bool], reference: str):
+    """The C function `name` of this process's library, typed, once `self_check(fn)` has passed for it; None where
+    it is not available or disagrees with `reference` (see `why_not(name)`). Until the check has passed, asking
+    for `name` again (from the check itself too) gets None: no caller ever runs an unchecked kernel."""
+    if name in _functions:
+        return _functions[name]
+    _functions[name] = None
+    lib = library()
+    if lib is None:
+        _reasons[name] = _library["why"]
+        return None
+    try:
+        fn = lib[name]  # a fresh function object: its types are this caller's alone
+    except AttributeError:
+        _reasons[name] = f"not in the {_library['variant'].name} build"
+        return None
+    fn.restype, fn.argtypes = restype, argtypes
+    if not self_check(fn):
+        _reasons[name] = f"self-check against {reference} failed"
+        return None
+    _functions[name] = fn
+    return fn
+
+
+def why_not(name: str) -> str:
+    """Why `function(name)` returned None ('' when it did not, or was not asked for yet)."""
+    return _reasons.get(name, "")
 
 
 def _compiler() -> str | None:
@@ -109,52 +209,6 @@ def _compiler() -> str | None:
         if name and shutil.which(name):
             return shutil.which(name)
     return None
-
-
-def load(name: str) -> ctypes.CDLL | None:
-    """The library built from `<name>.c` in this folder, or None (see `why_not(name)`)."""
-    if name in _loaded:
-        return _loaded[name]
-    variant()  # a malformed TOKENSWIFT_ISA is refused on every machine, not only where a kernel would build
-    lib = None
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        _reasons[name] = f"{DISABLE_ENV}=0"
-    elif platform.machine().lower() not in ("x86_64", "amd64"):
-        _reasons[name] = f"not an x86-64 CPU ({platform.machine()})"
-    else:
-        lib = _build_and_load(name)
-    _loaded[name] = lib
-    return lib
-
-
-def function(name: str, restype, argtypes: list, self_check: Callable[[], bool], reference: str):
-    """The C function `name` of the library built from `<name>.c`, typed, once it has passed `self_check()`
-    (which may call this function again: it then gets the function under test); None where it is not
-    available or disagrees with `reference` (see `why_not(name)`)."""
-    if name in _functions:
-        return _functions[name]
-    lib = load(name)
-    if lib is None:
-        _functions[name] = None
-        return None
-    fn = getattr(lib, name)
-    fn.restype, fn.argtypes = restype, argtypes
-    _functions[name] = fn
-    if not self_check():
-        _reasons[name] = f"self-check against {reference} failed"
-        _functions[name] = None
-    return _functions[name]
-
-
-def why_not(name: str) -> str:
-    """Why `load(name)` returned None ('' when it did not)."""
-    return _reasons.get(name, "")
-
-
-def _included_sources(source: Path) -> list[str]:
-    """The C files of this folder that `source` includes (`#include "x.c"`): part of its library's identity."""
-    found = re.findall(r'^#include "([\w.]+\.c)"', source.read_text(), flags=re.MULTILINE)
-    return sorted(set(found))
 
 
 def _compiler_identity(compiler: str) -> str:
@@ -166,6 +220,87 @@ def _compiler_identity(compiler: str) -> str:
         return compiler
 
 
+# What a failure that says nothing about the compiler and the variant looks like: it is not remembered.
+_TRANSIENT = re.compile(r"No space left|Disk quota|Killed|killed|signal|internal compiler error|Cannot allocate|"
+                        r"out of memory|Resource temporarily unavailable|Too many open files|Input/output error|"
+                        r"Read-only file system|Permission denied")
+
+
+def _is_refusal(returncode: int, stderr: str) -> bool:
+    """The compiler ran and refused the sources or the flags with a diagnostic (an #error, an unknown -m option):
+    the same inputs will fail the same way. Not a signal (returncode < 0), not a system error."""
+    return returncode > 0 and re.search(r"\berror\b", stderr) is not None and not _TRANSIENT.search(stderr)
+
+
+def _build_and_load(v: Variant, compiler: str) -> tuple[ctypes.CDLL | None, str]:
+    """The library of variant `v`, built if it is not cached; or None and why."""
+    sources = sorted(HERE.glob("*.h")) + [HERE / s for s in v.sources]
+    flags = COMMON_FLAGS + v.flags
+    key = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources) + " ".join(flags).encode()
+                         + _compiler_identity(compiler).encode() + platform.machine().encode()).hexdigest()[:16]
+    folder = cache_dir() / "native"
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as error:
+        return None, f"no cache folder for the kernels: {error}"
+    target = folder / f"{v.name}-{key}.so"
+    failed = target.with_suffix(".failed")  # the compiler's refusal, kept: the same inputs fail the same way
+    if failed.exists():
+        return None, failed.read_text().strip() + f" (remembered in {failed}; delete it to retry)"
+    if not target.exists():
+        refusal, reason = _build(v, compiler, flags, target)
+        if reason:
+            if refusal:
+                try:
+                    _write_atomically(failed, reason)
+                except OSError:  # an unwritable cache: the next process tries again, no harm done
+                    pass
+            return None, reason
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as error:
+        return None, f"loading {target.name} failed: {error}"
+    mismatch = abi.mismatch(lib)
+    return (None, f"{target.name}: {mismatch}") if mismatch else (lib, "")
+
+
+def _build(v: Variant, compiler: str, flags: tuple[str, ...], target: Path) -> tuple[bool, str]:
+    """Compile v's units side by side, link them into `target` (atomically). Returns (whether a failure is the
+    compiler's refusal, why it failed: '' when it did not)."""
+    name = Path(compiler).name
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{v.name}-") as tmp:
+            objects = [f"{tmp}/{Path(s).stem}.o" for s in v.sources]
+            runs = [subprocess.Popen([compiler, *flags, "-c", str(HERE / s), "-o", o], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True) for s, o in zip(v.sources, objects)]
+            link = [compiler, *flags, "-shared", *objects, "-o", f"{tmp}/lib.so", "-lm"]
+            for step, run in [(s, r) for s, r in zip(v.sources, runs)] + [("linking", None)]:
+                if run is None:
+                    run = subprocess.Popen(link, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                    runs.append(run)
+                try:
+                    _, err = run.communicate(timeout=BUILD_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    _stop(runs)
+                    return False, f"{name} took over {BUILD_TIMEOUT_S} s on {step} for the {v.name} variant"
+                if run.returncode != 0:
+                    _stop(runs)
+                    first = (err.strip().splitlines() or [f"(no message, exit status {run.returncode})"])[0][:300]
+                    return _is_refusal(run.returncode, err), f"{name} could not build {step} ({v.name}): {first}"
+            os.replace(f"{tmp}/lib.so", target)
+    except OSError as error:  # a full disk, a vanished compiler: not remembered
+        return False, f"building the {v.name} variant failed: {error}"
+    return False, ""
+
+
+def _stop(runs: list[subprocess.Popen]) -> None:
+    """End the compilations still running (another unit failed) and collect every one not yet collected."""
+    for run in runs:
+        if run.returncode is None:
+            run.kill()
+            run.communicate()
+
+
 def _write_atomically(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
@@ -175,48 +310,3 @@ def _write_atomically(path: Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _build_and_load(name: str) -> ctypes.CDLL | None:
-    source = HERE / f"{name}.c"
-    compiler = _compiler()
-    if compiler is None:
-        _reasons[name] = "no C compiler found (CC, cc, gcc or clang)"
-        return None
-    chosen, build_flags = variant(), flags()
-    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))  # shared by the sources
-    headers += b"".join((HERE / inc).read_bytes() for inc in _included_sources(source))
-    key = hashlib.sha256(source.read_bytes() + headers + " ".join(build_flags).encode() + _cpu_identity().encode()
-                         + _compiler_identity(compiler).encode()).hexdigest()[:16]
-    stem = name if chosen == "native" else f"{name}-{chosen}"
-    target = _cache_dir() / f"{stem}-{key}.so"
-    failed = target.with_suffix(".failed")  # the compiler's refusal, kept: the same inputs fail the same way
-    if failed.exists():
-        _reasons[name] = failed.read_text().strip() + f" (remembered in {failed}; delete it to retry)"
-        return None
-    if not target.exists():
-        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-        os.close(fd)
-        try:
-            done = subprocess.run([compiler, *build_flags, str(source), "-o", tmp], capture_output=True, text=True,
-                                  timeout=120)
-            if done.returncode != 0:
-                _reasons[name] = f"{Path(compiler).name} could not build {source.name}: " + (
-                    done.stderr.strip().splitlines() or ["(no message)"])[0][:300]
-                try:
-                    _write_atomically(failed, _reasons[name])
-                except OSError:  # an unwritable cache: the next process tries again, no harm done
-                    pass
-                return None
-            os.replace(tmp, target)
-        except (OSError, subprocess.SubprocessError) as error:  # a timeout or a full disk: not remembered
-            _reasons[name] = f"building {source.name} failed: {error}"
-            return None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    try:
-        return ctypes.CDLL(str(target))
-    except OSError as error:
-        _reasons[name] = f"loading {target.name} failed: {error}"
-        return None

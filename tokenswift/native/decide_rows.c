@@ -16,8 +16,11 @@
    tokens with e_i < min_p are removed (the probability cut p_i < min_p * p_max), and the token is the first
    i whose cumulative kept mass exceeds uniforms[r] times the total (summed in float64 per block of 16).
    probs (may be NULL): each row's distribution (greedy: the softmax of the penalised logits; sampling:
-   the kept mass renormalised). scratch: vocab floats; mark: vocab bytes. Returns 0, or -1 for a token
-   outside the vocabulary.
+   the kept mass renormalised). scratch: decide_rows_scratch(vocab) bytes of the caller's (a row's floats, its
+   blocks' float64 sums, a byte per token for the penalty's marks: nothing vocabulary-sized is allocated or put
+   on the stack per call). Returns 0, or KERNEL_BAD_ARGUMENTS for a token outside the vocabulary, counts or
+   offsets out of range, a missing uniform or a temperature that is not positive when sampling; or
+   KERNEL_SMALL_SCRATCH.
 
    walk_tree (below) runs the exact acceptance walk over a verified tree with the same per-row decision, deciding
    only the rows the walk visits: one call where the Python walk took a dozen small ops, each several times its
@@ -25,9 +28,34 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "kernels.h"
 #include "vector_exp.h"
 
 #define LANES 16
+
+/* A decision's scratch, carved from the caller's bytes: x (vocab floats, padded to whole blocks), the blocks'
+   sums (float64), mark (vocab bytes). */
+typedef struct {
+    float *x;
+    double *block_sum;
+    unsigned char *mark;
+} work;
+
+static long blocks_of(int vocab) { return (vocab + LANES - 1) / LANES; }
+
+/* Bytes of scratch decide_rows and walk_tree need for a vocabulary of `vocab` tokens. */
+long decide_rows_scratch(int vocab) {
+    if (vocab < 1) return 0;
+    return blocks_of(vocab) * LANES * (long)sizeof(float) + blocks_of(vocab) * (long)sizeof(double) + vocab;
+}
+
+static work work_of(void *scratch, int vocab) {
+    work w;
+    w.x = (float *)scratch;
+    w.block_sum = (double *)(w.x + blocks_of(vocab) * LANES);
+    w.mark = (unsigned char *)(w.block_sum + blocks_of(vocab));
+    return w;
+}
 
 static inline vmask tail_mask(int left) { return left >= LANES ? (vmask)0xFFFF : (vmask)((1u << left) - 1u); }
 
@@ -81,11 +109,10 @@ static int first_index_of(const float *x, int vocab, float value) {
 }
 
 /* Inverse-CDF sample over kept masses e[0..vocab) (0 = removed) with target u * total; the total (summed in
-   float64 per block of 16) goes to *kept. */
-static int sample_kept(const float *e, int vocab, double u, double *kept) {
+   float64 per block of 16) goes to *kept. block_sum: room for the blocks' sums. */
+static int sample_kept(const float *e, int vocab, double u, double *kept, double *block_sum) {
     double total = 0.0;
-    int blocks = (vocab + LANES - 1) / LANES;
-    double block_sum[blocks];
+    int blocks = (int)blocks_of(vocab);
     for (int b = 0; b < blocks; b++) {
         vmask k = tail_mask(vocab - b * LANES);
         block_sum[b] = (double)vf_reduce_add(vf_maskz_loadu(k, e + b * LANES));
@@ -115,11 +142,11 @@ static int sample_kept(const float *e, int vocab, double u, double *kept) {
    (ignored when greedy); the token goes to *token, the distribution to out (may be NULL). */
 static int decide_row(const float *row, int vocab, const int64_t *history, long n, long window, const int64_t *extra,
                       long a, float penalty, int greedy, float temperature, float min_p, double u, int64_t *token,
-                      float *out, float *scratch, unsigned char *mark) {
-    float *x = scratch;
+                      float *out, work w) {
+    float *x = w.x;
     memcpy(x, row, sizeof(float) * (size_t)vocab);
-    if (penalty != 1.0f && penalise(x, vocab, history, n, window, extra, a, penalty, mark) != 0)
-        return -1;
+    if (penalty != 1.0f && penalise(x, vocab, history, n, window, extra, a, penalty, w.mark) != 0)
+        return KERNEL_BAD_ARGUMENTS;
     float peak = row_max(x, vocab);
     if (greedy) {
         *token = first_index_of(x, vocab, peak);
@@ -146,7 +173,7 @@ static int decide_row(const float *row, int vocab, const int64_t *history, long 
             vf_mask_storeu(x + j, k, e);
         }
     }
-    *token = sample_kept(x, vocab, u, &kept);
+    *token = sample_kept(x, vocab, u, &kept, w.block_sum);
     if (out != NULL) {  /* the kept mass renormalised by the sampler's own total */
         const vf inv = vf_set1((float)(1.0 / kept));
         for (int j = 0; j < vocab; j += LANES) {
@@ -157,17 +184,33 @@ static int decide_row(const float *row, int vocab, const int64_t *history, long 
     return 0;
 }
 
+/* The arguments every decision shares, checked once per call. */
+static int bad_rule(int vocab, long n, long window, float penalty, int greedy, float temperature,
+                    const double *uniforms, void *scratch, long scratch_bytes) {
+    if (vocab < 1 || n < 0 || window < 0 || !(penalty > 0.0f) || (!greedy && (uniforms == NULL || !(temperature > 0.0f))))
+        return KERNEL_BAD_ARGUMENTS;
+    if (scratch == NULL || scratch_bytes < decide_rows_scratch(vocab)) return KERNEL_SMALL_SCRATCH;
+    return 0;
+}
+
 int decide_rows(const float *logits, int rows, int vocab, const int64_t *history, long n, long window,
                 const int64_t *extras, const int64_t *offsets, float penalty, int greedy, float temperature,
-                float min_p, const double *uniforms, int64_t *tokens, float *probs, float *scratch,
-                unsigned char *mark) {
+                float min_p, const double *uniforms, int64_t *tokens, float *probs, void *scratch,
+                long scratch_bytes) {
+    int code = bad_rule(vocab, n, window, penalty, greedy, temperature, uniforms, scratch, scratch_bytes);
+    if (code) return code;
+    if (rows < 1 || (penalty != 1.0f && (offsets == NULL || offsets[0] != 0))) return KERNEL_BAD_ARGUMENTS;
+    if (penalty != 1.0f)
+        for (int r = 0; r < rows; r++)
+            if (offsets[r + 1] < offsets[r]) return KERNEL_BAD_ARGUMENTS;
+    work w = work_of(scratch, vocab);
     for (int r = 0; r < rows; r++) {
         const int64_t *extra = penalty != 1.0f ? extras + offsets[r] : NULL;
         long a = penalty != 1.0f ? (long)(offsets[r + 1] - offsets[r]) : 0;
         if (decide_row(logits + (size_t)r * vocab, vocab, history, n, window, extra, a, penalty, greedy, temperature,
                        min_p, greedy ? 0.0 : uniforms[r], tokens + r, probs != NULL ? probs + (size_t)r * vocab : NULL,
-                       scratch, mark) != 0)
-            return -1;
+                       w) != 0)
+            return KERNEL_BAD_ARGUMENTS;
     }
     return 0;
 }
@@ -179,19 +222,27 @@ int decide_rows(const float *logits, int rows, int vocab, const int64_t *history
    a node at depth d takes uniforms[d]), follow the child holding that token, stop where none does.
    picks[node]: the token decided at each visited node (other entries untouched); probs (may be NULL): the
    visited rows' distributions; path[0 .. k): the accepted nodes below the root; *bonus: the last decision;
-   extra: room for `nodes` ids. Returns k, or -1 for a token outside the vocabulary. */
+   extra: room for `nodes` ids. Returns k, or KERNEL_BAD_ARGUMENTS (a token outside the vocabulary, a tree whose
+   root is not node 0 or whose parents do not precede their children, which would let the walk run past `nodes`),
+   or KERNEL_SMALL_SCRATCH. */
 int walk_tree(const float *logits, int nodes, int vocab, const int64_t *history, long n, long window,
               const int64_t *tree, float penalty, int greedy, float temperature, float min_p,
-              const double *uniforms, int64_t *picks, int64_t *path, int64_t *bonus, float *probs, float *scratch,
-              unsigned char *mark, int64_t *extra) {
+              const double *uniforms, int64_t *picks, int64_t *path, int64_t *bonus, float *probs, void *scratch,
+              long scratch_bytes, int64_t *extra) {
+    int code = bad_rule(vocab, n, window, penalty, greedy, temperature, uniforms, scratch, scratch_bytes);
+    if (code) return code;
     const int64_t *tokens = tree, *parents = tree + nodes;
+    if (nodes < 1 || parents[0] != -1) return KERNEL_BAD_ARGUMENTS;
+    for (int j = 1; j < nodes; j++)
+        if (parents[j] < 0 || parents[j] >= j) return KERNEL_BAD_ARGUMENTS;
+    work w = work_of(scratch, vocab);
     int node = 0, depth = 0;
     for (;;) {
         int64_t token;
         if (decide_row(logits + (size_t)node * vocab, vocab, history, n, window, extra, depth, penalty, greedy,
                        temperature, min_p, greedy ? 0.0 : uniforms[depth], &token,
-                       probs != NULL ? probs + (size_t)node * vocab : NULL, scratch, mark) != 0)
-            return -1;
+                       probs != NULL ? probs + (size_t)node * vocab : NULL, w) != 0)
+            return KERNEL_BAD_ARGUMENTS;
         picks[node] = token;
         int child = -1;
         for (int j = node + 1; j < nodes; j++) {

@@ -6,25 +6,30 @@
    2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
    products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c or panel_bf16.c, as each matrix
    is laid out, and attend_rows.c), so the step computes the same function. Both builds of panel_mm.c (AVX-512
-   and AVX2) have the bfloat16 panels; AMX tiles only the AVX-512 build where the CPU has them.
+   and AVX2) have the bfloat16 panels; AMX tiles only the library built with them (build.py's "amx" variant).
 
    The element-wise parts are exported too (rms_norm_rows, silu_mul_rows): the PyTorch path calls them
    for every forward this function does not serve (prefill chunks, big trees), so a row's arithmetic is
    the same whichever path ran it. Every part works row by row: a row's result does not depend on how
    many rows are computed with it. Built with -ffp-contract=off (see build.py): every product and sum
-   is rounded where the C says, as in PyTorch's element-wise ops. */
+   is rounded where the C says, as in PyTorch's element-wise ops.
+
+   The products and attention are other compilation units of the same library (kernels.h). Every function
+   checks its sizes, indices and scratch before it writes anything (a head size above 128 would overflow
+   rotate's buffer, a slot past the cache its buffers) and returns KERNEL_BAD_ARGUMENTS or KERNEL_SMALL_SCRATCH;
+   the scratch (layer_rows_scratch, heads_top_scratch floats) is the caller's, so nothing is allocated per call. */
+#include <math.h>
+#include <string.h>
 #include <time.h>
-#include "panel_mm.c"
-#include "attend_rows.c"
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)  /* not in the forced AVX2 build */
-#include "panel_amx.c"
-#define HAVE_AMX 1
-#else
-#define HAVE_AMX 0
-#endif
+#include "kernels.h"
+#include "vector_exp.h"
+
+size_t sizeof_layer_weights(void) { return sizeof(layer_weights); }
+size_t sizeof_head_weights(void) { return sizeof(head_weights); }
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for t rows of n floats (n a multiple of 16). */
-void rms_norm_rows(const float *x, const float *w, float *y, int t, int n, float eps) {
+int rms_norm_rows(const float *x, const float *w, float *y, int t, int n, float eps) {
+    if (t < 0 || n < 16 || n % 16) return KERNEL_BAD_ARGUMENTS;
     for (int r = 0; r < t; r++) {
         const float *xr = x + (size_t)r * n;
         float *yr = y + (size_t)r * n;
@@ -38,6 +43,7 @@ void rms_norm_rows(const float *x, const float *w, float *y, int t, int n, float
         for (int i = 0; i < n; i += 16)
             vf_storeu(yr + i, vf_mul(vf_mul(vf_loadu(xr + i), s), vf_loadu(w + i)));
     }
+    return 0;
 }
 
 /* silu(x) = x * sigmoid(x), from exp of a non-positive argument only: x / (1 + e^-x) for x >= 0,
@@ -52,19 +58,24 @@ static inline vf silu16(vf x) {
 }
 
 /* y[r][i] = silu(gu[r][i]) * gu[r][inter + i]: gate and up side by side in each row of 2 * inter floats. */
-void silu_mul_rows(const float *gu, float *y, int t, int inter) {
+int silu_mul_rows(const float *gu, float *y, int t, int inter) {
+    if (t < 0 || inter < 16 || inter % 16) return KERNEL_BAD_ARGUMENTS;
     for (int r = 0; r < t; r++) {
         const float *gate = gu + (size_t)r * 2 * inter, *up = gate + inter;
         float *yr = y + (size_t)r * inter;
         for (int i = 0; i < inter; i += 16)
             vf_storeu(yr + i, vf_mul(silu16(vf_loadu(gate + i)), vf_loadu(up + i)));
     }
+    return 0;
 }
 
-/* One head vector (d floats) rotated in place: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1). */
+#define MAX_HEAD_DIM 128
+
+/* One head vector (d floats) rotated in place: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
+   d <= MAX_HEAD_DIM: layer_rows checks it before any call. */
 static inline void rotate(float *x, const float *cos, const float *sin, int d) {
     int half = d / 2;
-    float tmp[128] __attribute__((aligned(64)));
+    float tmp[MAX_HEAD_DIM] __attribute__((aligned(64)));
     for (int i = 0; i < half; i++) tmp[i] = -x[half + i];
     for (int i = 0; i < half; i++) tmp[half + i] = x[i];
     for (int i = 0; i < d; i++) {
@@ -74,39 +85,53 @@ static inline void rotate(float *x, const float *cos, const float *sin, int d) {
     }
 }
 
-/* The weights of one decoder layer, as the lean step lays them out. */
-typedef struct {
-    const float *in_norm, *post_norm;  /* (hidden,) */
-    const void *qkv, *o, *gate_up, *down;  /* (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
-    const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
-    int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm.c), 1 bfloat16 AMX tiles (panel_amx.c),
-                     2 bfloat16 panels widened in registers (panel_bf16.c) */
-} layer_weights;
-
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* y (t, n) = x (t, k) @ W^T through the kernel W is laid out for; its seconds are added to parts[1] (parts
-   non-NULL). */
-static int product(const void *w, int kind, const float *x, float *y, int t, int k, int n, double *parts) {
+/* y (t, n) = x (t, k) @ W^T through the kernel W is laid out for (AMX tiles with amx_bytes of scratch at amx);
+   its seconds are added to parts[1] (parts non-NULL). */
+static int product(const void *w, int kind, const float *x, float *y, int t, int k, int n, double *parts,
+                   void *amx, long amx_bytes) {
     double t0 = parts ? now() : 0.0;
-    int code = -3;
+    int code = KERNEL_NO_KIND;
 #if HAVE_AMX
-    if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n);
+    if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n, amx, amx_bytes);
+#else
+    (void)amx, (void)amx_bytes;
 #endif
-    if (kind == 2) {  /* panel_mm.c has it in both its builds */
-        panel_bf16(x, (const uint16_t *)w, y, t, k, n);
-        code = 0;
-    }
-    if (kind == 0) {
-        panel_mm(x, (const float *)w, y, t, k, n);
-        code = 0;
-    }
+    if (kind == 2) code = panel_bf16(x, (const uint16_t *)w, y, t, k, n);  /* panel_mm.c: in every build */
+    if (kind == 0) code = panel_mm(x, (const float *)w, y, t, k, n);
     if (parts) parts[1] += now() - t0;
     return code;
+}
+
+/* Bytes of AMX scratch the products of t rows with inputs of up to `widest` floats need (none off AMX builds). */
+static long amx_scratch(int t, int widest) {
+#if HAVE_AMX
+    return panel_amx_scratch(t, widest);
+#else
+    (void)t, (void)widest;
+    return 0;
+#endif
+}
+
+static long round16(long floats) { return (floats + 15) / 16 * 16; }
+
+/* Whether this library has a kernel for weights laid out as `kind`. */
+static int kind_served(int kind) { return kind == 0 || kind == 2 || (HAVE_AMX && kind == 1); }
+
+/* layer_rows's scratch for t rows over s keys, in floats: the rows' buffers, then the attention scores (from
+   *scores_at), then the AMX split rows (from *amx_at). Returns the total. */
+static long layer_scratch(int t, int hidden, int hq, int hkv, int d, int inter, int s, long *scores_at, long *amx_at) {
+    long nqkv = (long)(hq + 2 * hkv) * d;
+    *scores_at = round16((long)t * (2L * hidden + nqkv + 3L * hq * d + 3L * inter));
+    *amx_at = round16(*scores_at + attend_rows_scratch(hq / hkv * t, s));
+    int widest = hidden > hq * d ? hidden : hq * d;
+    if (inter > widest) widest = inter;
+    return *amx_at + (amx_scratch(t, widest) + 3) / 4;
 }
 
 /* h: (t, hidden) residual stream, updated in place through every layer. cos, sin: (t, d) rotary tables of
@@ -114,12 +139,27 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
    capacity * d; the new tokens' keys and values go to slots start .. start + t - 1 and attention covers
    slots 0 .. start + t - 1. block_mask: (t, t) visibility among the new tokens (NULL: all visible).
    scratch: at least layer_rows_scratch(...) floats. parts: NULL, or two seconds counters to which the time in
-   attention and in the weight products is added (python -m tokenswift.bench rows). Returns 0, or a kernel's
-   error code. */
+   attention and in the weight products is added (python -m tokenswift.bench rows). Returns 0,
+   KERNEL_BAD_ARGUMENTS (before writing anything: sizes the kernels do not handle, slots past the cache's
+   head_stride / d), KERNEL_NO_KIND (a weight layout this build has no kernel for), KERNEL_SMALL_SCRATCH, or a
+   product's code (KERNEL_NO_TILES: h and the cache may then be partly written). */
 int layer_rows(float *h, int t, int layers, const layer_weights *weights, const float *cos, const float *sin,
                float *const *k_cache, float *const *v_cache, long head_stride, int start,
                const unsigned char *block_mask, int hidden, int hq, int hkv, int d, int inter, float eps,
-               float scale, float *scratch, double *parts) {
+               float scale, float *scratch, long scratch_floats, double *parts) {
+    if (t < 1 || layers < 1 || (d != 64 && d != MAX_HEAD_DIM) || hq < 1 || hkv < 1 || hq % hkv || hidden < 16
+            || hidden % 16 || inter < 16 || inter % 16 || start < 0 || (long)(start + t) * d > head_stride)
+        return KERNEL_BAD_ARGUMENTS;
+    for (int l = 0; l < layers; l++)
+        for (int i = 0; i < 4; i++)
+            if (!kind_served(weights[l].kinds[i])) return KERNEL_NO_KIND;
+    long scores_at, amx_at;
+    if (scratch == NULL || scratch_floats < layer_scratch(t, hidden, hq, hkv, d, inter, start + t, &scores_at, &amx_at))
+        return KERNEL_SMALL_SCRATCH;
+    float *scores = scratch + scores_at;
+    long scores_floats = amx_at - scores_at;
+    void *amx = scratch + amx_at;
+    long amx_bytes = (scratch_floats - amx_at) * (long)sizeof(float);
     int g = hq / hkv, nqkv = (hq + 2 * hkv) * d;
     float *x = scratch;                           /* (t, hidden) normed input */
     float *qkv = x + (size_t)t * hidden;          /* (t, nqkv) */
@@ -132,7 +172,7 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
     for (int l = 0; l < layers; l++) {
         const layer_weights *w = weights + l;
         rms_norm_rows(h, w->in_norm, x, t, hidden, eps);
-        int code = product(w->qkv, w->kinds[0], x, qkv, t, hidden, nqkv, parts);
+        int code = product(w->qkv, w->kinds[0], x, qkv, t, hidden, nqkv, parts, amx, amx_bytes);
         if (code) return code;
         if (w->qkv_bias)
             for (int r = 0; r < t; r++)
@@ -149,33 +189,42 @@ int layer_rows(float *h, int t, int layers, const layer_weights *weights, const 
             }
         }
         double t0 = parts ? now() : 0.0;
-        code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask);
+        code = attend_rows(qs, kc, vc, head_stride, att, hkv, g * t, t, start + t, d, scale, block_mask, scores,
+                           scores_floats);
         if (code) return code;
         if (parts) parts[0] += now() - t0;
         for (int r = 0; r < t; r++)  /* (hq, t, d) -> (t, hq d) */
             for (int j = 0; j < hq; j++)
                 memcpy(o_in + ((size_t)r * hq + j) * d, att + ((size_t)j * t + r) * d, d * sizeof(float));
-        if ((code = product(w->o, w->kinds[1], o_in, y, t, hq * d, hidden, parts))) return code;
+        if ((code = product(w->o, w->kinds[1], o_in, y, t, hq * d, hidden, parts, amx, amx_bytes))) return code;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
         rms_norm_rows(h, w->post_norm, x, t, hidden, eps);
-        if ((code = product(w->gate_up, w->kinds[2], x, gu, t, hidden, 2 * inter, parts))) return code;
+        if ((code = product(w->gate_up, w->kinds[2], x, gu, t, hidden, 2 * inter, parts, amx, amx_bytes))) return code;
         silu_mul_rows(gu, act, t, inter);
-        if ((code = product(w->down, w->kinds[3], act, y, t, inter, hidden, parts))) return code;
+        if ((code = product(w->down, w->kinds[3], act, y, t, inter, hidden, parts, amx, amx_bytes))) return code;
         for (size_t i = 0; i < (size_t)t * hidden; i++) h[i] = h[i] + y[i];
     }
     return 0;
 }
 
-/* Floats of scratch layer_rows needs for t rows. */
-long layer_rows_scratch(int t, int hidden, int hq, int hkv, int d, int inter) {
-    return (long)t * (2 * hidden + (hq + 2 * hkv) * d + 3 * hq * d + 3 * inter) + 64;
+/* Floats of scratch layer_rows needs for up to t rows over a cache of `capacity` slots (0 for sizes it refuses). */
+long layer_rows_scratch(int t, int hidden, int hq, int hkv, int d, int inter, int capacity) {
+    long scores_at, amx_at;
+    if (t < 1 || hq < 1 || hkv < 1 || capacity < 1) return 0;
+    return layer_scratch(t, hidden, hq, hkv, d, inter, capacity, &scores_at, &amx_at);
 }
 
 /* The cache's compaction after a verification: in every layer and KV head, the rows of slots src[0..n) move to
    slots dst .. dst + n - 1, in order. The accepted path's slots ascend and src[i] >= dst + i, so copying in
-   order never overwrites a row still to be moved. */
-void move_slots(float *const *k_cache, float *const *v_cache, int layers, int hkv, long head_stride, int d,
-                const long *src, int n, int dst) {
+   order never overwrites a row still to be moved. Returns KERNEL_BAD_ARGUMENTS (moving nothing) for a slot
+   outside the cache's head_stride / d slots or sources that do not ascend from dst. */
+int move_slots(float *const *k_cache, float *const *v_cache, int layers, int hkv, long head_stride, int d,
+               const long *src, int n, int dst) {
+    if (layers < 0 || hkv < 1 || d < 1 || n < 0 || dst < 0 || (long)(dst + n) * d > head_stride)
+        return KERNEL_BAD_ARGUMENTS;
+    long slots = head_stride / d;
+    for (int i = 0; i < n; i++)
+        if (src[i] < dst + i || src[i] >= slots || (i && src[i] <= src[i - 1])) return KERNEL_BAD_ARGUMENTS;
     for (int l = 0; l < layers; l++)
         for (int h = 0; h < hkv; h++) {
             float *kh = k_cache[l] + h * head_stride, *vh = v_cache[l] + h * head_stride;
@@ -185,42 +234,52 @@ void move_slots(float *const *k_cache, float *const *v_cache, int layers, int hk
                 memmove(vh + (size_t)(dst + i) * d, vh + (size_t)src[i] * d, d * sizeof(float));
             }
         }
+    return 0;
 }
 
-/* One multi-token head in the TokenSwift (Medusa) layout: h <- h + W rms_norm(h, in_norm); the head's output,
-   read by the LM head, is rms_norm(h, post_norm). The heads are chained: head i + 1 starts from head i's h. */
-typedef struct {
-    const float *in_norm, *post_norm;  /* (hidden,) */
-    const void *linear;                /* hidden x hidden */
-    int kind;                          /* as layer_weights.kinds */
-    float eps;
-} head_weights;
+/* One multi-token head in the TokenSwift (Medusa) layout (head_weights, kernels.h): h <- h + W rms_norm(h, in_norm);
+   the head's output, read by the LM head, is rms_norm(h, post_norm). The heads are chained: head i + 1 starts from
+   head i's h. */
+#define MAX_HEADS 16
+#define MAX_TOP 16
+
+/* Floats of scratch heads_top needs for up to MAX_HEADS heads: the rows, every level's logits, the AMX split rows. */
+long heads_top_scratch(int hidden, int vocab) {
+    if (hidden < 1 || vocab < 1) return 0;
+    return round16((3L + MAX_HEADS) * hidden + (long)MAX_HEADS * vocab) + (amx_scratch(MAX_HEADS, hidden) + 3) / 4;
+}
 
 /* The drafts of `levels` chained heads for one hidden row h0 (hidden floats, the last layer's output before the
    final norm): per level, the `top` most likely ids of the drafting LM head (`vocab` rows, laid out as lm_kind)
    with their softmax probabilities over those rows, most likely first (a tie: the lower id first). ids and probs
-   are (levels, top); scratch holds at least heads_top_scratch(hidden, vocab) floats. Returns 0, -1 for `levels`
-   or `top` outside 1..16, or a kernel's error code.
+   are (levels, top); scratch holds scratch_floats >= heads_top_scratch(hidden, vocab) floats. Returns 0,
+   KERNEL_BAD_ARGUMENTS for `levels` or `top` outside 1..16 or a hidden size that is not a multiple of 16,
+   KERNEL_SMALL_SCRATCH, or a kernel's error code.
 
    Why: in Python the same chain is about 15 small PyTorch calls, a softmax and a top-k, 0.5-0.9 ms in the
    decode loop of the 2-vCPU AVX2 host (caches cold after the step's weight stream), a fifth of a step; the
    products and norms here are the lean step's own kernels. Drafts are only proposals (every token is verified),
    so this changes which tokens are offered, never the output. */
 int heads_top(const float *h0, int levels, const head_weights *heads, const void *lm, int lm_kind, int vocab,
-              int hidden, int top, long *ids, float *probs, float *scratch) {
-    if (top < 1 || top > 16 || levels < 1 || levels > 16) return -1;
+              int hidden, int top, long *ids, float *probs, float *scratch, long scratch_floats) {
+    if (top < 1 || top > MAX_TOP || levels < 1 || levels > MAX_HEADS || hidden < 16 || hidden % 16 || vocab < 1)
+        return KERNEL_BAD_ARGUMENTS;
+    if (scratch == NULL || scratch_floats < heads_top_scratch(hidden, vocab)) return KERNEL_SMALL_SCRATCH;
+    long amx_at = round16((3L + MAX_HEADS) * hidden + (long)MAX_HEADS * vocab);
+    void *amx = scratch + amx_at;
+    long amx_bytes = (scratch_floats - amx_at) * (long)sizeof(float);
     float *h = scratch, *x = h + hidden, *y = x + hidden, *outs = y + hidden, *logits = outs + (size_t)levels * hidden;
     memcpy(h, h0, (size_t)hidden * sizeof(float));
     int code;
     for (int l = 0; l < levels; l++) {
         const head_weights *w = heads + l;
         rms_norm_rows(h, w->in_norm, x, 1, hidden, w->eps);
-        if ((code = product(w->linear, w->kind, x, y, 1, hidden, hidden, NULL))) return code;
+        if ((code = product(w->linear, w->kind, x, y, 1, hidden, hidden, NULL, amx, amx_bytes))) return code;
         for (int i = 0; i < hidden; i++) h[i] = h[i] + y[i];
         rms_norm_rows(h, w->post_norm, outs + (size_t)l * hidden, 1, hidden, w->eps);
     }
     /* every level's LM-head row in one product: the drafting rows are read once */
-    if ((code = product(lm, lm_kind, outs, logits, levels, hidden, vocab, NULL))) return code;
+    if ((code = product(lm, lm_kind, outs, logits, levels, hidden, vocab, NULL, amx, amx_bytes))) return code;
     for (int l = 0; l < levels; l++) {
         const float *row = logits + (size_t)l * vocab;
         /* the top ids by insertion into a short sorted list; then the softmax's normaliser over every row */
@@ -246,5 +305,3 @@ int heads_top(const float *h0, int levels, const head_weights *heads, const void
     return 0;
 }
 
-/* Floats of scratch heads_top needs for up to 16 heads. */
-long heads_top_scratch(int hidden, int vocab) { return (3L + 16) * hidden + 16L * vocab + 64; }

@@ -10,45 +10,48 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from types import SimpleNamespace
 
 import torch
 
 from . import build
+from .abi import HeadWeights, LayerWeights
 from .panels import MAX_ROWS as PANEL_MAX_ROWS
+from .rows_attention import MAX_ROWS as ATTENTION_MAX_ROWS
 
 _P, _INT, _LONG, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
-
-
-class _HeadWeights(ctypes.Structure):
-    _fields_ = [("in_norm", _P), ("post_norm", _P), ("linear", _P), ("kind", _INT), ("eps", _FLOAT)]
-
-
-class _LayerWeights(ctypes.Structure):
-    _fields_ = [("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P),
-                ("qkv_bias", _P), ("kinds", _INT * 4)]
-
-
-_LAYER_ARGS = [_P, _INT, _INT, ctypes.POINTER(_LayerWeights), _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P), _LONG,
-               _INT, _P, _INT, _INT, _INT, _INT, _INT, _FLOAT, _FLOAT, _P, _P]
+_SIGNATURES = {  # name -> (restype, argtypes): the functions of layer_rows.c
+    "layer_rows": (_INT, [_P, _INT, _INT, ctypes.POINTER(LayerWeights), _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P),
+                          _LONG, _INT, _P, _INT, _INT, _INT, _INT, _INT, _FLOAT, _FLOAT, _P, _LONG, _P]),
+    "rms_norm_rows": (_INT, [_P, _P, _P, _INT, _INT, _FLOAT]),
+    "silu_mul_rows": (_INT, [_P, _P, _INT, _INT]),
+    "layer_rows_scratch": (_LONG, [_INT] * 7),
+    "heads_top": (_INT, [_P, _INT, ctypes.POINTER(HeadWeights), _P, _INT, _INT, _INT, _INT, _P, _P, _P, _LONG]),
+    "heads_top_scratch": (_LONG, [_INT, _INT]),
+    "move_slots": (_INT, [ctypes.POINTER(_P), ctypes.POINTER(_P), _INT, _INT, _LONG, _INT, _P, _INT, _INT]),
+}
+_checked: list = []  # [the typed functions] once layer_rows has passed its self-check
 
 
 def _library():
-    """The library (its element-wise functions typed), or None where it is not available."""
-    if build.function("layer_rows", _INT, _LAYER_ARGS, _self_check, "PyTorch") is None:
-        return None
-    return build.load("layer_rows")
+    """layer_rows.c's functions, typed, as attributes (lib.rms_norm_rows, ...); None where they are not available
+    or their self-check failed."""
+    if not _checked:
+        restype, argtypes = _SIGNATURES["layer_rows"]
+        if build.function("layer_rows", restype, argtypes, _self_check, "PyTorch") is None:
+            return None
+        _checked.append(_typed(build.library()))
+    return _checked[0]
 
 
-def _typed(lib):
-    lib.rms_norm_rows.restype, lib.rms_norm_rows.argtypes = None, [_P, _P, _P, _INT, _INT, _FLOAT]
-    lib.silu_mul_rows.restype, lib.silu_mul_rows.argtypes = None, [_P, _P, _INT, _INT]
-    lib.layer_rows_scratch.restype, lib.layer_rows_scratch.argtypes = _LONG, [_INT] * 6
-    lib.heads_top.restype = _INT
-    lib.heads_top.argtypes = [_P, _INT, ctypes.POINTER(_HeadWeights), _P, _INT, _INT, _INT, _INT, _P, _P, _P]
-    lib.heads_top_scratch.restype, lib.heads_top_scratch.argtypes = _LONG, [_INT, _INT]
-    lib.move_slots.restype = None
-    lib.move_slots.argtypes = [ctypes.POINTER(_P), ctypes.POINTER(_P), _INT, _INT, _LONG, _INT, _P, _INT, _INT]
-    return lib
+def _typed(lib) -> SimpleNamespace:
+    """The functions of layer_rows.c in `lib`, with their types (fresh function objects: typed here alone)."""
+    functions = {}
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = lib[name]
+        fn.restype, fn.argtypes = restype, argtypes
+        functions[name] = fn
+    return SimpleNamespace(**functions)
 
 
 def available() -> bool:
@@ -63,8 +66,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         return None
     x = x.contiguous()
     y = torch.empty_like(x)
-    lib.rms_norm_rows(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], n, eps)
-    return y
+    code = lib.rms_norm_rows(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], n, eps)
+    return y if code == 0 else None
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
@@ -75,8 +78,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
         return None
     gate_up = gate_up.contiguous()
     y = torch.empty(t, two_i // 2, dtype=torch.float32)
-    lib.silu_mul_rows(gate_up.data_ptr(), y.data_ptr(), t, two_i // 2)
-    return y
+    code = lib.silu_mul_rows(gate_up.data_ptr(), y.data_ptr(), t, two_i // 2)
+    return y if code == 0 else None
 
 
 def cache_pointers(cache):
@@ -102,9 +105,8 @@ def move_slots(cache, src_slots: list[int], dst_start: int) -> bool:
         return False
     k0 = cache.k[0]
     src = (ctypes.c_long * len(src_slots))(*src_slots)
-    lib.move_slots(*pointers, len(cache.k), k0.shape[0], k0.shape[1] * k0.shape[2], k0.shape[2], src, len(src_slots),
-                   dst_start)
-    return True
+    return lib.move_slots(*pointers, len(cache.k), k0.shape[0], k0.shape[1] * k0.shape[2], k0.shape[2], src,
+                          len(src_slots), dst_start) == 0
 
 
 class NativeHeads:
@@ -117,9 +119,9 @@ class NativeHeads:
     def __init__(self, lean_heads, draft_head, lib) -> None:
         self._run = lib.heads_top
         self.levels = len(lean_heads.blocks)
-        self.weights = (_HeadWeights * self.levels)()
+        self.weights = (HeadWeights * self.levels)()
         for i, (in_norm, linear, post_norm, eps) in enumerate(lean_heads.blocks):
-            self.weights[i] = _HeadWeights(in_norm.data_ptr(), post_norm.data_ptr(), linear.panels.panels.data_ptr(),
+            self.weights[i] = HeadWeights(in_norm.data_ptr(), post_norm.data_ptr(), linear.panels.panels.data_ptr(),
                                            linear.panels.kind, eps)
         self._owners = (lean_heads, draft_head)  # the tensors behind the addresses above stay alive
         self.hidden, self.vocab = draft_head.in_features, draft_head.out_features
@@ -154,7 +156,7 @@ class NativeHeads:
         scratch, ids, probs = bufs
         hidden = hidden.contiguous()
         code = self._run(hidden.data_ptr(), levels, self.weights, self._lm, self._lm_kind, self.vocab, self.hidden, k,
-                         ids.data_ptr(), probs.data_ptr(), scratch.data_ptr())
+                         ids.data_ptr(), probs.data_ptr(), scratch.data_ptr(), scratch.numel())
         if code != 0:
             return None
         flat_ids, flat_p = ids[: levels * k].tolist(), probs[: levels * k].tolist()
@@ -172,27 +174,29 @@ class NativeStack:
     def __init__(self, lean, lib) -> None:
         self._run = lib.layer_rows
         layers = lean.layers
-        self.weights = (_LayerWeights * len(layers))()
+        self.weights = (LayerWeights * len(layers))()
         for i, layer in enumerate(layers):
             bias = layer.qkv.bias
             matrices = (layer.qkv.panels, layer.o.panels, layer.gate_up.panels, layer.down.panels)
-            self.weights[i] = _LayerWeights(layer.in_norm.data_ptr(), layer.post_norm.data_ptr(),
+            self.weights[i] = LayerWeights(layer.in_norm.data_ptr(), layer.post_norm.data_ptr(),
                                             *[m.panels.data_ptr() for m in matrices],
                                             None if bias is None else bias.data_ptr(),
                                             (_INT * 4)(*[m.kind for m in matrices]))
         self.num_layers = len(layers)
         self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, lean.num_heads, lean.num_kv_heads, lean.head_dim
         self.inter, self.eps, self.scale = lean.intermediate, lean.eps, float(lean.scaling)
-        dims = (self.hidden, self.hq, self.hkv, self.d, self.inter)
-        self._scratch_floats = lib.layer_rows_scratch(PANEL_MAX_ROWS, *dims)
+        self._scratch_size = lib.layer_rows_scratch
         self._local = threading.local()  # a scratch buffer per thread: generations may run in several threads
         self.parts = None  # a (c_double * 2): seconds in attention and in weight products are added to it (benchmarks)
 
-    @property
-    def scratch(self) -> torch.Tensor:
+    def scratch(self, capacity: int) -> torch.Tensor:
+        """This thread's scratch for up to PANEL_MAX_ROWS new tokens over a cache of `capacity` slots (made once per
+        thread, and again only for a larger cache)."""
         buf = getattr(self._local, "scratch", None)
-        if buf is None:
-            buf = self._local.scratch = torch.empty(self._scratch_floats, dtype=torch.float32)
+        if buf is None or self._local.capacity < capacity:
+            floats = self._scratch_size(PANEL_MAX_ROWS, self.hidden, self.hq, self.hkv, self.d, self.inter, capacity)
+            buf = self._local.scratch = torch.empty(floats, dtype=torch.float32)
+            self._local.capacity = capacity
         return buf
 
     @classmethod
@@ -213,9 +217,7 @@ class NativeStack:
     def serves(self, t: int) -> bool:
         """True for t new tokens where the attention would take the native kernel too (attention.attend's routing,
         at any context length): then this call computes exactly what the PyTorch path would."""
-        from ..attention import NATIVE_ROWS
-
-        return t <= PANEL_MAX_ROWS and t * (self.hq // self.hkv) <= NATIVE_ROWS
+        return t <= PANEL_MAX_ROWS and t * (self.hq // self.hkv) <= ATTENTION_MAX_ROWS
 
     @property
     def max_tokens(self) -> int:
@@ -239,15 +241,17 @@ class NativeStack:
         if block_mask is not None:  # bool is one byte: a contiguous bool mask is read as bytes without a copy
             mask = block_mask.contiguous()
             mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
+        scratch = self.scratch(cache.capacity)
         code = self._run(h.data_ptr(), t, self.num_layers, self.weights, cos.data_ptr(), sin.data_ptr(), k_ptrs, v_ptrs,
                          cache.capacity * self.d, start, None if mask is None else mask.data_ptr(), self.hidden,
-                         self.hq, self.hkv, self.d, self.inter, self.eps, self.scale, self.scratch.data_ptr(), self.parts)
+                         self.hq, self.hkv, self.d, self.inter, self.eps, self.scale, scratch.data_ptr(), scratch.numel(),
+                         self.parts)
         return code == 0
 
 
-def _self_check() -> bool:
+def _self_check(layer_rows) -> bool:
     """The element-wise functions agree with PyTorch's (to float32 rounding), row by row."""
-    lib = _typed(build.load("layer_rows"))
+    lib = _typed(build.library())
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 64, generator=gen) * 3
     w = torch.randn(64, generator=gen)

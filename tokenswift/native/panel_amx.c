@@ -14,21 +14,27 @@
 
    Layout of W (n, k), n a multiple of 32 and k of 32: blocks of 16 columns by 32 k, each block the B tile
    of TDPBF16PS (16 rows of k pairs, each holding 16 columns x 2 bfloat16), in the order
-   [n / 16][k / 32][16 k pairs][16 columns][2]. */
+   [n / 16][k / 32][16 k pairs][16 columns][2].
+
+   Compiled into build.py's "amx" library only (flags -mamx-tile -mamx-bf16 with AVX-512), which a process loads
+   where /proc/cpuinfo lists amx_tile and amx_bf16; the tile state is then asked of Linux once (amx_ready), and
+   panel_amx refuses to run (KERNEL_NO_TILES) until it was granted. The split rows go to the caller's scratch
+   (panel_amx_scratch bytes): nothing is allocated per call. */
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <immintrin.h>
+#include "kernels.h"
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__) || !defined(__AVX512F__)
-#error "panel_amx needs AMX-TILE, AMX-BF16 and AVX-512F (it splits the inputs with AVX-512)"
+#if !HAVE_AMX
+#error "panel_amx needs AMX-TILE, AMX-BF16 and AVX-512F (it splits the inputs with AVX-512): build.py's amx variant"
 #endif
 
 #define AMX_TOKENS 5       /* tokens per tile pass: 3 split rows each, 15 of the tile's 16 rows */
-#define AMX_MAX_K 4096
+
+static int amx_state = 0;  /* 0 not asked, 1 granted, -1 refused */
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -38,12 +44,17 @@ typedef struct {
 
 /* Ask the kernel for the AMX tile state (Linux: once per process). Returns 1 when the tiles may be used. */
 int amx_ready(void) {
-    static int state = 0;  /* 0 unknown, 1 ready, -1 refused */
-    if (state == 0) {
+    if (amx_state == 0) {
         long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
-        state = rc == 0 ? 1 : -1;
+        amx_state = rc == 0 ? 1 : -1;
     }
-    return state == 1;
+    return amx_state == 1;
+}
+
+/* Bytes of scratch panel_amx needs for m rows of k: 16 split rows of k bfloat16 per AMX_TOKENS tokens. */
+long panel_amx_scratch(int m, int k) {
+    if (m < 1 || k < 1) return 0;
+    return (long)((m + AMX_TOKENS - 1) / AMX_TOKENS) * 16 * k * (long)sizeof(uint16_t);
 }
 
 static void configure(void) {
@@ -83,14 +94,16 @@ static void split_rows(const float *x, uint16_t *a, int m, int k) {
     }
 }
 
-/* x: (m, k) float32 row-major; w: packed as above; y: (m, n) float32. Returns 0, -1 for sizes it does not
-   handle, -2 when out of memory. The columns are the outer loop, so that the passes of more than AMX_TOKENS
-   rows find a block's weights in the core's caches. */
-int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n) {
-    if (k > AMX_MAX_K || k % 32 || n % 32 || m < 1) return -1;
+/* x: (m, k) float32 row-major; w: packed as above; y: (m, n) float32; scratch: panel_amx_scratch(m, k) bytes.
+   Returns 0, KERNEL_BAD_ARGUMENTS for sizes it does not handle, KERNEL_SMALL_SCRATCH or KERNEL_NO_TILES. The
+   columns are the outer loop, so that the passes of more than AMX_TOKENS rows find a block's weights in the
+   core's caches. */
+int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
+    if (k < 32 || k > AMX_MAX_K || k % 32 || n < 32 || n % 32 || m < 1) return KERNEL_BAD_ARGUMENTS;
+    if (scratch == NULL || scratch_bytes < panel_amx_scratch(m, k)) return KERNEL_SMALL_SCRATCH;
+    if (amx_state != 1) return KERNEL_NO_TILES;
     const int groups = (m + AMX_TOKENS - 1) / AMX_TOKENS;
-    uint16_t *a = (uint16_t *)aligned_alloc(64, (size_t)groups * 16 * k * sizeof(uint16_t));
-    if (!a) return -2;
+    uint16_t *a = (uint16_t *)scratch;
     for (int g = 0; g < groups; g++) {
         int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
         split_rows(x + (size_t)g * AMX_TOKENS * k, a + (size_t)g * 16 * k, rows, k);
@@ -124,6 +137,5 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n) 
         }
     }
     _tile_release();
-    free(a);
     return 0;
 }

@@ -1,7 +1,8 @@
-"""Few-row float32 matrix products through the native panel kernels, when they are available: `panel_amx.c`
-(Intel AMX tiles over bfloat16 weights, for weights that are exactly bfloat16, as the default model's are),
-`panel_bf16.c` (bfloat16 panels widened to float32 in registers, for such weights, on AVX-512 or AVX2 CPUs where
-AMX does not serve) or `panel_mm.c` (float32 panels, AVX-512 or AVX2). `describe()` names the variant in use.
+"""Few-row float32 matrix products through the native panel kernels, when they are available: `panel_amx`
+(Intel AMX tiles over bfloat16 weights, for weights that are exactly bfloat16, as the default model's are; in the
+amx library only), `panel_bf16` (bfloat16 panels widened to float32 in registers, for such weights, on AVX-512 or
+AVX2 CPUs where AMX does not serve) or `panel_mm` (float32 panels, AVX-512 or AVX2). `describe()` names the
+variant in use.
 
 `PanelMatrix.build(weight)` returns None where the kernel cannot serve (no compiler, no AVX2, an
 output size that is not a multiple of 32, not float32 on CPU, or a self-check that disagrees with
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import torch
 
@@ -26,28 +28,42 @@ BF16_ENV = "TOKENSWIFT_BF16_PANELS"  # "0": float32 panels even where bfloat16 p
 # AMX over float32 panels, measured here (one thread, microseconds for 1 / 4 / 9 / 12 rows): q/k/v 640x384
 # 11.5 / 16.1 / 28.1 / 39.2 -> 7.2 / 7.6 / 14.5 / 19.6; gate/up 2048x384 137 / 146 / 145 / 147 -> 22 / 24 / 45 / 64;
 # down 384x1024 24 / 33 / 62 / 73 -> 14 / 15 / 27 / 39; LM head 8192x384 516 / 516 / 536 / 549 -> 292 / 303 / 348 / 405.
-_VOID = ctypes.c_void_p
-_INT = ctypes.c_int
+_VOID, _INT, _LONG = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+_ARGS = [_VOID, _VOID, _VOID, _INT, _INT, _INT]  # x, panels, y, m, k, n
 
 
 def _function():
     """The C function, or None."""
-    return build.function("panel_mm", None, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _self_check, "torch.mm")
+    return build.function("panel_mm", _INT, _ARGS, _self_check, "torch.mm")
 
 
 def _amx_function():
     """The AMX kernel, or None (no AMX, no permission for its tile state, or TOKENSWIFT_AMX=0)."""
     if os.environ.get(AMX_ENV, "1") == "0":
         return None
-    return build.function("panel_amx", _INT, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _amx_self_check, "torch.mm")
+    return build.function("panel_amx", _INT, _ARGS + [_VOID, _LONG], _amx_self_check, "torch.mm")
 
 
 def _bf16_function():
     """The bfloat16-panel kernel, or None (no native kernels, or TOKENSWIFT_BF16_PANELS=0)."""
     if os.environ.get(BF16_ENV, "1") == "0":
         return None
-    return build.function("panel_bf16", None, [_VOID, _VOID, _VOID, _INT, _INT, _INT], _bf16_self_check,
-                          "float32 panels")
+    return build.function("panel_bf16", _INT, _ARGS, _bf16_self_check, "float32 panels")
+
+
+_local = threading.local()  # per thread: the AMX kernel's split rows (grown to the most rows and columns asked)
+
+
+def _amx_scratch(rows: int, k: int) -> tuple[int, int]:
+    """(address, bytes) of this thread's scratch for panel_amx over `rows` rows of `k` columns."""
+    have = getattr(_local, "amx", None)
+    if have is None or rows > have[0] or k > have[1]:
+        rows, k = max(rows, have[0] if have else 0), max(k, have[1] if have else 0)
+        lib = build.library()
+        lib.panel_amx_scratch.restype, lib.panel_amx_scratch.argtypes = _LONG, [_INT, _INT]
+        buf = torch.empty(lib.panel_amx_scratch(rows, k), dtype=torch.uint8)
+        have = _local.amx = (rows, k, buf, buf.data_ptr(), buf.numel())
+    return have[3], have[4]
 
 
 def available() -> bool:
@@ -67,33 +83,30 @@ def why_unavailable() -> str:
 
 
 def isa() -> str | None:
-    """The instruction set the panel kernels were built for ("avx512" or "avx2"), or None without them."""
-    if not available():
-        return None
-    lib = build.load("panel_mm")
-    lib.panel_isa.restype = ctypes.c_char_p
-    return lib.panel_isa().decode()
+    """The variant of the library the panel kernels come from ("amx", "avx512" or "avx2"), or None without them."""
+    return build.loaded_variant().name if available() else None
 
 
 def describe() -> str:
     """The native kernel variant this process runs, as one line for a benchmark's conditions, e.g.
-    "native kernels: avx512 build (-march=native), AMX on, bf16 panels on". AMX tiles serve the bfloat16-exact
-    matrices they fit; bf16 panels the other bfloat16-exact ones (all of them where AMX is off); float32 panels
-    the rest."""
+    "native kernels: amx build (this CPU's best: -mavx2 ... -mamx-bf16), AMX on, bf16 panels on". AMX tiles serve
+    the bfloat16-exact matrices they fit; bf16 panels the other bfloat16-exact ones (all of them where AMX is
+    off); float32 panels the rest."""
     if not available():
         return f"native kernels: none ({why_unavailable()})"
-    chosen = build.variant()
-    switch = " ".join(("-march=native",) + build.VARIANTS[chosen])
-    how = switch if chosen == "native" else f"{build.ISA_ENV}={chosen}: {switch}"
+    chosen = build.loaded_variant()
+    switch = " ".join(chosen.flags)
+    how = f"this CPU's best: {switch}" if build.variant() == "native" else f"{build.ISA_ENV}={chosen.name}: {switch}"
+    passed = "".join(f"; {line}" for line in build.passed_over())
 
     def state(on: bool, env: str, otherwise: str) -> str:
         if on:
             return "on"
         return f"off ({env}=0)" if os.environ.get(env, "1") == "0" else f"off ({otherwise})"
 
-    no_amx = "not in the avx2 build" if isa() == "avx2" else "not on this CPU"
-    return (f"native kernels: {isa()} build ({how}), AMX {state(amx_available(), AMX_ENV, no_amx)}, "
-            f"bf16 panels {state(bf16_available(), BF16_ENV, 'unavailable')}")
+    no_amx = build.why_not("panel_amx") or "not in this build"
+    return (f"native kernels: {chosen.name} build ({how}{passed}), AMX {state(amx_available(), AMX_ENV, no_amx)}, "
+            f"bf16 panels {state(bf16_available(), BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}")
 
 
 class PanelMatrix:
@@ -106,11 +119,12 @@ class PanelMatrix:
 
     WIDTH = 32
 
-    def __init__(self, weight: torch.Tensor, amx: bool = False, bf16: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, amx: bool = False, bf16: bool = False, kernel=None) -> None:
+        """kernel: the C function to use (a self-check passes the one under test); default: the published one."""
         n, k = weight.shape
         self.out_features, self.in_features = n, k
         self.kind = 1 if amx else 2 if bf16 else 0
-        self._kernel = _amx_function() if amx else _bf16_function() if bf16 else _function()
+        self._kernel = kernel or (_amx_function() if amx else _bf16_function() if bf16 else _function())
         if self._kernel is None:
             raise RuntimeError(f"the native panel kernel is not available: {why_unavailable()}")
         if bf16:
@@ -138,9 +152,15 @@ class PanelMatrix:
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
-        code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features, self.out_features)
-        if code:  # only the AMX kernel returns a code: out of memory for its split rows
-            raise MemoryError("the AMX panel kernel could not allocate its buffers")
+        if self.kind == 1:
+            code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
+                                self.out_features, *_amx_scratch(t, self.in_features))
+        else:
+            code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
+                                self.out_features)
+        if code:
+            raise RuntimeError(f"the native panel kernel (kind {self.kind}) refused {tuple(x.shape)} x "
+                               f"{self.out_features}: code {code} (see kernels.h)")
         return y
 
 
@@ -151,17 +171,17 @@ def _exactly_bfloat16(weight: torch.Tensor) -> bool:
     return bool(torch.equal(w.to(torch.bfloat16).float(), w))
 
 
-def _amx_self_check() -> bool:
+def _amx_self_check(kernel) -> bool:
     """The tile state can be had, and the AMX product agrees with torch.mm to float32 rounding for 1-16 rows,
     a row of a many-row product bitwise the one-row product."""
-    lib = build.load("panel_amx")
-    lib.amx_ready.restype = _INT
+    lib = build.library()
+    lib.amx_ready.restype, lib.amx_ready.argtypes = _INT, []
     if not lib.amx_ready():
         return False
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 96, generator=gen).to(torch.bfloat16).float()
     x = torch.randn(MAX_ROWS, 96, generator=gen)
-    m = PanelMatrix(w, amx=True)
+    m = PanelMatrix(w, amx=True, kernel=kernel)
     ref = x.double() @ w.double().t()
     for rows in range(1, MAX_ROWS + 1):
         got = m(x[:rows])
@@ -171,25 +191,25 @@ def _amx_self_check() -> bool:
     return bool(torch.equal(one[0], m(x[:8])[0]) and torch.equal(m(x[5:6])[0], m(x[:13])[5]))
 
 
-def _bf16_self_check() -> bool:
-    """bfloat16 panels give bitwise the float32 panels' products of the same (bfloat16-exact) weights, for every
-    row count."""
+def _bf16_self_check(kernel) -> bool:
+    """bfloat16 panels give bitwise the float32 panels' (checked) products of the same (bfloat16-exact) weights,
+    for every row count."""
     if _function() is None:
         return False
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 200, generator=gen).to(torch.bfloat16).float()
     x = torch.randn(MAX_ROWS, 200, generator=gen)
-    wide, narrow = PanelMatrix(w), PanelMatrix(w, bf16=True)
+    wide, narrow = PanelMatrix(w), PanelMatrix(w, bf16=True, kernel=kernel)
     return all(torch.equal(narrow(x[:rows]), wide(x[:rows])) for rows in range(1, MAX_ROWS + 1))
 
 
-def _self_check() -> bool:
+def _self_check(kernel) -> bool:
     """The kernel agrees with torch.mm (to float32 rounding) for every group size, and a row of a
     many-row product is bitwise the one-row product."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 200, generator=gen)
     x = torch.randn(MAX_ROWS, 200, generator=gen)
-    m = PanelMatrix(w)
+    m = PanelMatrix(w, kernel=kernel)
     ref = x @ w.t()
     for rows in range(1, MAX_ROWS + 1):
         got = m(x[:rows])
