@@ -19,15 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tokenswift"
 
-# The two upward imports of tokenswift/native/ that issue 27 asks to remove (the kernel wrappers should take plain
-# numbers and arrays). Once those edges are gone nothing needs to be listed here. Until then, should they ever close
-# a cycle again, the test reports it as an expected failure, and only when every cycle left runs through one of them.
-NATIVE_UPWARD = {
-    ("tokenswift.native.decide", "tokenswift.settings"), ("tokenswift.native.decide", "tokenswift.sampling"),
-    ("tokenswift.native.decide", "tokenswift.tree"), ("tokenswift.native.decide", "tokenswift.acceptance"),
-    ("tokenswift.native.layers", "tokenswift.attention"),
-}
-
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -115,9 +106,6 @@ def test_tokenswift_has_no_import_cycle():
     if not found:
         return
     report = "\n".join(describe(graph, c) for c in found)
-    without_native = {v: {w for w in ws if (v, w) not in NATIVE_UPWARD} for v, ws in graph.items()}
-    if not cycles(without_native):
-        pytest.xfail("import cycles only through native/'s upward imports (issue 27, being removed):\n" + report)
     pytest.fail("import cycles in tokenswift/ (each group imports itself round a loop):\n" + report)
 
 
