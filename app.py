@@ -18,9 +18,12 @@ os.environ["GRADIO_TEMP_DIR"] = os.path.join(os.environ.get("GRADIO_TEMP_DIR") o
 def main() -> None:
     from tokenswift.serve.limits import PLOT_PERIOD, Limits, env_number
 
+    from tokenswift.serve.client_address import trusted_proxies
+
     try:
         limits = Limits.from_env()
         plot_period_s = env_number(PLOT_PERIOD)
+        proxies = trusted_proxies()
     except ValueError as exc:
         sys.exit(f"error: {exc}")
 
@@ -28,6 +31,7 @@ def main() -> None:
 
     from tokenswift.serve.engine_process import EngineProcess
     from tokenswift.serve.http_guard import MULTIPART_ROOM, HttpGuard, StreamWatch, UploadFolder, max_body_bytes
+    from tokenswift.serve.join_limit import JoinLimiter, per_address_limit
     from tokenswift.serve.models import Codecs
     from ui.controls import page_model
     from ui.layout import CSS, JS, build_demo
@@ -39,15 +43,19 @@ def main() -> None:
     uploads = UploadFolder(os.environ["GRADIO_TEMP_DIR"], limits.upload_dir_bytes)
     uploads.prune(force=True)  # what an earlier server left behind
     watch = StreamWatch()
-    app = LiveApp(codecs, engine, limits, watch=watch, uploads=uploads, plot_period_s=plot_period_s)
+    app = LiveApp(codecs, engine, limits, watch=watch, uploads=uploads, plot_period_s=plot_period_s, proxies=proxies)
     codecs.get(page_model(codecs.models))  # the default tokenizer, before the first visitor
     demo = build_demo(app)
     # Events waiting for a handler slot; engine jobs beyond the limit are refused by the handlers themselves.
-    demo.queue(default_concurrency_limit=1, max_size=4 * app.handler_slots)
+    queue_size = 4 * app.handler_slots
+    demo.queue(default_concurrency_limit=1, max_size=queue_size)
+    # One address holds at most half of that queue (a script replaying every half second cannot fill it).
+    joins = JoinLimiter(per_address_limit(queue_size), max_age_s=limits.request_timeout_s + 60)
     port = int(os.environ.get("GRADIO_SERVER_PORT", "7860"))
     # Bodies are bounded before gradio parses them: a prompt at the token limit (as characters) and its settings.
     guard = Middleware(HttpGuard, max_body=max_body_bytes(limits.max_prompt_tokens * CHARS_PER_TOKEN),
-                       max_upload_body=limits.max_upload_bytes + MULTIPART_ROOM, uploads=uploads, watch=watch)
+                       max_upload_body=limits.max_upload_bytes + MULTIPART_ROOM, uploads=uploads, watch=watch,
+                       joins=joins, proxies=proxies)
     try:
         demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, js=JS, show_error=False,
                     max_file_size=limits.max_upload_bytes, app_kwargs={"middleware": [guard]})

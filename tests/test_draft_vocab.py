@@ -9,7 +9,7 @@ from tokenswift.heads import DRAFT_VOCAB_KEY, read_draft_vocab
 from tokenswift.train.distill_heads import DistillSettings, distill_heads, drafting_vocabulary
 from tokenswift.train.heads import last_layer_hidden
 
-from conftest import random_heads, tiny_model, tiny_tokenizer
+from conftest import NATIVE_FAMILY, random_heads, tiny_model, tiny_tokenizer
 
 
 def test_fresh_heads_give_the_base_logits_when_the_final_norm_is_not_ones():
@@ -114,3 +114,20 @@ def _top1(model, heads, directory):
         hits += int((pred == row[start + 2 :]).sum())
         total += pred.numel()
     return hits / total
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", NATIVE_FAMILY])
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_drafting_vocabulary_smaller_than_the_candidates_asked_for_still_drafts(size, family):
+    """auto asks the heads for 3 candidates at depth 1: a drafting vocabulary of fewer ids gives what it has (no
+    torch.topk error), on the native heads and on the PyTorch path alike, and the output stays AR's."""
+    model = tiny_model(family, vocab=256)
+    heads = random_heads(model, 3)
+    heads.draft_vocab = torch.tensor([5, 9][:size])
+    gen = ts.Generator(model, heads=heads)
+    ids, probs = gen.head_drafts(torch.randn(1, model.config.hidden_size), 3, 3)
+    assert [len(row) for row in ids] == [size] * 3 and all(t in (5, 9) for row in ids for t in row)
+    assert [len(row) for row in probs] == [size] * 3
+    prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(3)).tolist() * 2
+    ar = gen.generate(prompt, ts.Settings(tree="auto"), 60, method="ar")
+    assert gen.generate(prompt, ts.Settings(tree="auto"), 60).token_ids == ar.token_ids

@@ -22,7 +22,8 @@ UPLOAD_DIR_MB = 12
 def server():
     uploads = Path(tempfile.mkdtemp(prefix="tokenswift-test-uploads-"))
     srv = AppServer(env={"TOKENSWIFT_UNWATCHED_S": str(UNWATCHED_S), "TOKENSWIFT_API_MAX_NEW_TOKENS": "4000",
-                         "TOKENSWIFT_UPLOAD_DIR_MB": str(UPLOAD_DIR_MB), "GRADIO_TEMP_DIR": str(uploads)})
+                         "TOKENSWIFT_UPLOAD_DIR_MB": str(UPLOAD_DIR_MB), "GRADIO_TEMP_DIR": str(uploads),
+                         "TOKENSWIFT_TRUSTED_PROXIES": "1"})  # X-Forwarded-For stands for other addresses
     srv.uploads = uploads
     srv.wait_ready()
     yield srv
@@ -130,3 +131,40 @@ def test_uploads_are_bounded_on_disk(server):
     used = sum(p.stat().st_size for p in server.uploads.rglob("*") if p.is_file())
     assert 503 in answers and used <= UPLOAD_DIR_MB * 2**20, (answers, used)
     assert health(server)["upload_dir_mb"] <= UPLOAD_DIR_MB
+
+
+def test_one_address_cannot_fill_the_queue_and_gets_its_place_back_once_it_reads_its_results(server):
+    """A script that joins faster than it reads (a replay every half second) is held to its share of gradio's queue;
+    another address still gets in; once the script reads its stream, its completed events stop counting."""
+    import httpx
+
+    from tokenswift.serve.join_limit import per_address_limit
+
+    fn_index = client(server)._infer_fn_index("/health", None)
+    share = per_address_limit(4 * (4 + 2))  # the app's queue: 4 x (queue size + 2) events
+
+    def join_as(address: str, session: str) -> httpx.Response:
+        body = json.dumps({"data": [], "fn_index": fn_index, "session_hash": session, "event_data": None,
+                           "trigger_id": None})
+        return httpx.post(server.url + "gradio_api/queue/join", content=body, timeout=30,
+                          headers={"content-type": "application/json", "x-forwarded-for": address})
+
+    answers = [join_as("6.6.6.6", "hostile") for _ in range(share)]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    refused = join_as("6.6.6.6", "hostile")
+    assert refused.status_code == 429
+    assert refused.json()["error"] == (f"Your address already has {share} requests waiting or running; please wait "
+                                       f"for one to finish.")
+    other = join_as("7.7.7.7", "ordinary")
+    assert other.status_code == 200
+    assert outcome(server, "ordinary")["success"]
+    completed = 0
+    with httpx.stream("GET", server.url + "gradio_api/queue/data", params={"session_hash": "hostile"},
+                      timeout=60) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:") and json.loads(line[5:]).get("msg") == "process_completed":
+                completed += 1
+                if completed == share:
+                    break
+    assert join_as("6.6.6.6", "hostile2").status_code == 200  # its completed events no longer count
+

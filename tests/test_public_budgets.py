@@ -92,10 +92,29 @@ def test_session_ids_are_bounded_in_length():
 
 
 def test_the_client_is_the_address_the_proxy_appended():
-    from ui.live import LiveApp
+    spoofed = {"x-forwarded-for": "1.2.3.4, 5.6.7.8"}  # the visitor wrote 1.2.3.4; the proxy appended 5.6.7.8
+    behind_proxy = _live_app(Limits(), proxies=1)
+    assert behind_proxy.client(_Request("s", host="10.0.0.1")) == "10.0.0.1"
+    assert behind_proxy.client(_Request("s", host="10.0.0.1", headers=spoofed)) == "5.6.7.8"
+    direct = _live_app(Limits())  # no proxy in front: the header is the visitor's own text, never read
+    assert direct.client(_Request("s", host="10.0.0.1", headers=spoofed)) == "10.0.0.1"
 
-    assert LiveApp.client(_Request("s", host="10.0.0.1")) == "10.0.0.1"
-    assert LiveApp.client(_Request("s", headers={"x-forwarded-for": "1.2.3.4, 5.6.7.8"})) == "5.6.7.8"
+
+def test_trusted_proxies_are_read_from_the_environment_with_a_sentence_for_bad_values():
+    from tokenswift.serve.client_address import client_address, trusted_proxies
+
+    assert trusted_proxies({}) == 0 and trusted_proxies({"SPACE_ID": "user/space"}) == 1  # a Space has one proxy
+    assert trusted_proxies({"TOKENSWIFT_TRUSTED_PROXIES": "2", "SPACE_ID": "x"}) == 2
+    for bad in ("-1", "one", "1.5", "99"):
+        with pytest.raises(ValueError, match="TOKENSWIFT_TRUSTED_PROXIES must be a whole number from 0 to 8"):
+            trusted_proxies({"TOKENSWIFT_TRUSTED_PROXIES": bad})
+    chain = "6.6.6.6, 1.1.1.1, 2.2.2.2"  # the visitor's own entry, then what two proxies appended
+    assert client_address(chain, "9.9.9.9", 2) == "1.1.1.1"
+    assert client_address(chain, "9.9.9.9", 1) == "2.2.2.2"
+    assert client_address(chain, "9.9.9.9", 0) == "9.9.9.9"
+    assert client_address("3.3.3.3", "9.9.9.9", 2) == "3.3.3.3"  # fewer entries than proxies: the outermost there
+    assert client_address("", None, 1) == "local"
+    assert len(client_address("x" * 10_000, None, 1)) <= 64
 
 
 @pytest.fixture(scope="module")

@@ -125,13 +125,15 @@ class Generator:
     def head_drafts(self, hidden: torch.Tensor, levels: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
         """hidden (1, H) before the final norm -> per head (the first `levels`), its k most likely ids over the
         drafting vocabulary (`run_heads(..., draft_vocab=True)`) and their softmax probabilities, most likely first:
-        in one native call where the kernels serve (tokenswift/native/layers.py NativeHeads), else through PyTorch."""
+        in one native call where the kernels serve (tokenswift/native/layers.py NativeHeads), else through PyTorch.
+        A drafting vocabulary of fewer than k ids gives all of its ids."""
+        lean = self.adapter.lean
+        k = min(k, lean.draft_vocab if lean is not None else self.adapter.vocab_size)
         found = self._native_heads.top(hidden, levels, k) if self._native_heads is not None else None
         if found is None:
             logits = self.run_heads(hidden, levels, draft_vocab=True)[:, 0].float()  # (levels, V')
             top = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
             found = (top.indices.tolist(), top.values.tolist())
-        lean = self.adapter.lean
         ids = None if lean is None else lean.draft_ids
         if ids is None:
             return found

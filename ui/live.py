@@ -18,6 +18,7 @@ import gradio as gr
 from tokenswift import Settings
 from tokenswift.builtin import FetchError
 from tokenswift.kinds import Method
+from tokenswift.serve.client_address import client_address
 from tokenswift.serve.cost import engine_seconds
 from tokenswift.serve.engine_process import EngineProcess, ProcessRunner
 from tokenswift.serve.export import load_trace_file, write_trace_file
@@ -101,8 +102,9 @@ class Pacer:
 class LiveApp:
     def __init__(self, codecs: Codecs, engine: EngineProcess | None, limits: Limits | None = None,
                  watch: StreamWatch | None = None, uploads: UploadFolder | None = None,
-                 plot_period_s: float = PLOT_PERIOD_S) -> None:
+                 plot_period_s: float = PLOT_PERIOD_S, proxies: int = 0) -> None:
         self.codecs = codecs
+        self.proxies = proxies  # proxies in front of the server (TOKENSWIFT_TRUSTED_PROXIES)
         self.engine = engine
         self.limits = limits or Limits()
         self.watch = watch  # None: every client counts as watching (no HTTP layer, e.g. in tests)
@@ -127,16 +129,13 @@ class LiveApp:
             key = "long:" + hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()
         return key
 
-    @staticmethod
-    def client(request: gr.Request | None) -> str:
-        """Whose engine time a job spends: the visitor's address. Behind a proxy (a Space) the last
-        X-Forwarded-For entry, which that proxy appended; else the socket's peer."""
+    def client(self, request: gr.Request | None) -> str:
+        """Whose engine time a job spends: the visitor's address (tokenswift/serve/client_address.py: behind
+        `self.proxies` proxies the X-Forwarded-For entry the outermost one appended, else the socket's peer)."""
         headers = getattr(request, "headers", None) or {}
         forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
-        if forwarded:
-            return forwarded.split(",")[-1].strip()[:64]
         peer = getattr(request, "client", None)
-        return str(getattr(peer, "host", "") or "local")[:64]
+        return client_address(str(forwarded), str(getattr(peer, "host", "") or ""), self.proxies)
 
     def session(self, request: gr.Request | None) -> Session:
         key = self.key(request)

@@ -8,6 +8,8 @@
   and the oldest first when the folder is over its budget.
 - Session ids: a request that joins the queue with a session id longer than `SESSION_ID_CHARS` is refused
   (gradio keeps each id as a key for as long as its session lives).
+- Queue joins per address: an address with `JoinLimiter.per_address` events waiting or running is refused (429)
+  until one completes (tokenswift/serve/join_limit.py; addresses as tokenswift/serve/client_address.py reads them).
 - Who is watching: `StreamWatch` notes, per session, when its event stream (`/queue/data`) last took a
   message. A run or API call whose client reads none of its stream for a while is stopped by its handler.
 """
@@ -18,6 +20,9 @@ import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qs
+
+from .client_address import scope_address
+from .join_limit import JoinLimiter
 
 UPLOAD_MAX_AGE_S = 600.0  # an upload not replayed within this long is deleted
 UPLOAD_GRACE_S = 60.0  # a fresh upload is kept this long even when the folder is over budget (its replay reads it)
@@ -140,12 +145,13 @@ class HttpGuard:
     """ASGI middleware: body limits, the upload folder's budget, stream activity."""
 
     def __init__(self, app, max_body: int, max_upload_body: int, uploads: UploadFolder | None = None,
-                 watch: StreamWatch | None = None) -> None:
+                 watch: StreamWatch | None = None, joins: JoinLimiter | None = None, proxies: int = 0) -> None:
         self.app = app
         self.max_body = max_body
         self.max_upload_body = max_upload_body
         self.uploads = uploads
         self.watch = watch
+        self.joins, self.proxies = joins, proxies
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -179,6 +185,12 @@ class HttpGuard:
                 return await _refuse(send, 400, f"A request must name a session id of at most {SESSION_ID_CHARS} "
                                                 f"characters.")
             receive = _replay(body, receive)
+            if self.joins is not None:
+                address = scope_address(scope, self.proxies)
+                if not self.joins.admits(address):
+                    return await _refuse(send, 429, f"Your address already has {self.joins.per_address} requests "
+                                                    f"waiting or running; please wait for one to finish.")
+                send = _joined(send, self.joins, address)
 
         async def counted():
             nonlocal received
@@ -204,6 +216,8 @@ class HttpGuard:
             await send(message)  # returns once the transport took it: a client that reads nothing stalls here
             if message["type"] == "http.response.body" and message.get("body"):
                 self.watch.activity(session)
+                if self.joins is not None:
+                    self.joins.completed_in_stream(message["body"])
 
         try:
             await self.app(scope, receive, noted)
@@ -238,6 +252,19 @@ def _session_of(body: bytes) -> str | None:
         return ""
     session = data.get("session_hash", "")
     return session if isinstance(session, str) and len(session) <= SESSION_ID_CHARS else None
+
+
+def _joined(send, joins: JoinLimiter, address: str):
+    """A `send` that reads gradio's answer to a join (the event's id) and counts the event against `address`."""
+    chunks: list[bytes] = []
+
+    async def noted(message):
+        if message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                joins.joined_from_response(address, b"".join(chunks))
+        await send(message)
+    return noted
 
 
 def _replay(body: bytes, receive):
