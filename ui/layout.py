@@ -150,12 +150,12 @@ def build_demo(app: LiveApp) -> gr.Blocks:
         # No per-output progress overlays: their animations and timers keep the browser busy (measured),
         # and the status line already reports progress.
         run = _by_name(app.run, c, streaming=True)
-        step = _by_name(app.step, c)
+        step = _by_name(app.step_stream, c, streaming=True)
         c["run"].click(run, inputs, views, concurrency_limit=app.handler_slots, concurrency_id="engine",
                        api_visibility="private", show_progress="hidden")
-        c["stop"].click(app.stop, None, c["status"], api_visibility="private")
+        c["stop"].click(app.stop, None, c["status"], api_visibility="private", show_progress="hidden")
         c["step"].click(step, inputs, views + [c["tree"]], concurrency_limit=app.handler_slots,
-                        concurrency_id="engine", api_visibility="private")
+                        concurrency_id="engine", api_visibility="private", show_progress="hidden")
         c["export"].click(app.export, None, c["export_file"], api_visibility="private")
         c["replay_file"].upload(_by_name(app.replay_stream, c, streaming=True), c["replay_file"], views + settable,
                                 api_visibility="private", show_progress="hidden")
@@ -163,18 +163,18 @@ def build_demo(app: LiveApp) -> gr.Blocks:
         for name, button in preset_buttons.items():
             values = PRESETS[name]
             button.click(_by_name(_prepare(app, values, f"Case study set: **{name}**. Press **Run**."), c), None,
-                         views + [c[k] for k in values] + [c["lesson"]], api_visibility="private")
+                         views + [c[k] for k in values] + [c["lesson"]], api_visibility="private", show_progress="hidden")
         for title, button in lesson_buttons.items():
             lesson = LESSONS[title]
             prepared = button.click(
                 _by_name(_prepare(app, lesson.values(), f"Lesson: **{title}**.", lesson.text), c), None,
-                views + settable + [c["lesson"]], api_visibility="private")
+                views + settable + [c["lesson"]], api_visibility="private", show_progress="hidden")
             if lesson.action == RUN:
                 prepared.then(run, inputs, views, concurrency_limit=app.handler_slots, concurrency_id="engine",
                               api_visibility="private", show_progress="hidden")
             else:
                 prepared.then(step, inputs, views + [c["tree"]], concurrency_limit=app.handler_slots,
-                              concurrency_id="engine", api_visibility="private")
+                              concurrency_id="engine", api_visibility="private", show_progress="hidden")
         modes = [c[n] for n in MODE_CONTROLS]
         greyed = [c[n] for n in NOTES]
         for control in modes:

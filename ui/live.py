@@ -337,6 +337,11 @@ class LiveApp:
         return "Nothing is running."
 
     # ---- classroom step mode ----------------------------------------------------------------------------------
+    def step_stream(self, values: Mapping[str, Any], request: gr.Request = None) -> Iterator[dict]:
+        """The page's Step: the status says it is stepping at once, then the step's views (see `step`)."""
+        yield {"status": "Step: running one TokenSwift iteration…"}
+        yield self.step(values, request)
+
     def step(self, values: Mapping[str, Any], request: gr.Request = None) -> dict:
         """One TokenSwift iteration of this session's classroom run, explained. Under tree=auto Step drafts with the
         paper's tree instead (auto may draft nothing in an iteration, which shows nothing) and sets the tree control

@@ -23,9 +23,9 @@ DecodeOne = Callable[[int], str]
 # The table's columns, in reading order; short headers that wrap only between words.
 COLUMNS = ("node", "depth", "token", "proposed by", "after", "the target drew there", "target p of this token",
            "verdict", "why")
-VERDICTS = {"root": "start", "accepted": "✅ accepted", "rejected": "❌ rejected", "cut": "✂️ not emitted",
+VERDICTS = {"start": "start", "accepted": "✓ accepted", "rejected": "✗ rejected", "cut": "✓ not emitted",
             "unreached": "not reached"}
-PROPOSERS = {Source.ROOT: "(committed)", Source.HEAD: "head", Source.NGRAM: "reused text"}
+PROPOSERS = {Source.ROOT: "(committed)", Source.HEAD: "a head", Source.NGRAM: "reused text"}
 # Under tree="auto" the engine's "ngram" source also covers suffix matches and datastore continuations.
 REUSED_TEXT = "reused text (the 4-gram table; under tree=auto also suffix matches and the datastore)"
 
@@ -169,7 +169,7 @@ def step_caption(m: MethodTrace, decode_one: DecodeOne, settings: dict | None = 
 def _verdict(i: int, nodes: list[TreeNode], cut: set[int]) -> str:
     n = nodes[i]
     if n.parent < 0:
-        return "root"
+        return "start"
     if nodes[n.parent].target_sample is None:
         return "unreached"
     if nodes[n.parent].target_sample == n.token:
@@ -181,7 +181,7 @@ def _why(i: int, nodes: list[TreeNode], verdict: str, greedy: bool, decode_one: 
     n = nodes[i]
     tok = f"«{token_text(decode_one, n.token)}»"
     drew = "took its most likely token" if greedy else "drew"
-    if verdict == "root":
+    if verdict == "start":
         there = ("" if n.target_sample is None else
                  f"; the target {drew} «{token_text(decode_one, n.target_sample)}» here")
         return f"The last committed token: the tree grows from it and the walk starts here{there}."
