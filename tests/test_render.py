@@ -186,10 +186,10 @@ def test_step_rows_read_in_order_and_each_verdict_agrees_with_the_draw_in_its_ro
     rows = step_view.step_rows(trace.tokenswift, decode_one, trace.settings)
     col = {name: k for k, name in enumerate(step_view.COLUMNS)}
     assert [r[col["node"]] for r in rows] == [0, 1, 3, 2]  # root, depth 1 (accepted first), depth 2
-    assert [r[col["verdict"]] for r in rows] == ["start", "✅ accepted", "❌ rejected", "✅ accepted"]
+    assert [r[col["verdict"]] for r in rows] == ["start", "✓ accepted", "✗ rejected", "✓ accepted"]
     for r in rows[1:]:
         drew, token, verdict = r[col["the target drew there"]], r[col["token"]], r[col["verdict"]]
-        assert (drew == token) == (verdict == "✅ accepted"), r
+        assert (drew == token) == (verdict == "✓ accepted"), r
         assert r[col["why"]].count(f"«{drew}»") >= 1  # the sentence names the same draw
     assert rows[2][col["after"]] == "«The» (node 0)" and rows[2][col["the target drew there"]] == " cat"
     assert "No child of node" not in rows[2][col["why"]]  # the walk went on through node 1
@@ -200,7 +200,7 @@ def test_step_rows_mark_what_the_token_limit_cut_and_sum_up_unreached_nodes():
     trace = stepped("dynamic", {"tree": "1x3x3x3"}, cut=True, budget=1024)
     text, rows = step_view.step_explanation(trace.tokenswift, decode_one, trace.settings)
     assert "cut the output after 1 of them, so the bonus « mat» was drawn but not emitted" in text
-    assert rows[-1][7] == "✂️ not emitted" and "token limit" in rows[-1][8]
+    assert rows[-1][7] == "✓ not emitted" and "token limit" in rows[-1][8]
     nodes, tokens = tree()
     nodes.append(TreeNode(8, 3, 2, "ngram", 1.0, False, None, None))  # under the rejected n-gram: never reached
     nodes.append(TreeNode(9, 3, 2, "ngram", 1.0, False, None, None))

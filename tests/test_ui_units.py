@@ -83,7 +83,7 @@ def test_step_explanation_names_each_verdict():
     assert "Draft" in caption and "Verify" in caption and "KV update" in caption
     verdicts = [r[7] for r in rows]
     assert verdicts[0] == "start"
-    assert any(v in ("✅ accepted", "❌ rejected") for v in verdicts[1:])
+    assert any(v in ("✓ accepted", "✗ rejected") for v in verdicts[1:])
     assert "identical to AR: 20 of 20" in summary(trace, greedy=True)
 
 
