@@ -6,7 +6,6 @@ whatever the model was configured with). The adapter only knows where those piec
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Protocol
 
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from .attention import attend
+from .backend import Backend, current as current_backend
 from .lean import LeanModel, eligible
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
@@ -45,7 +45,9 @@ class ModelAdapter:
     It returns the last decoder layer's output *before* the final norm (what the heads read).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, backend: Backend | None = None) -> None:
+        """backend: the compute backend (default: this process's, tokenswift.backend.current())."""
+        self.backend = backend if backend is not None else current_backend()
         config = model.config
         family = getattr(config, "model_type", None)
         if family not in SUPPORTED_FAMILIES or not hasattr(model, "model") or not hasattr(model, "lm_head"):
@@ -74,8 +76,8 @@ class ModelAdapter:
         # The lean step (fused, pre-transposed weights; no module calls) wherever the weights sit on one
         # device; accelerate-offloaded models go through their own modules. TOKENSWIFT_LEAN=0 turns it off.
         self.lean: LeanModel | None = None
-        if os.environ.get("TOKENSWIFT_LEAN", "1") != "0" and eligible(model):
-            self.lean = LeanModel(model, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling)
+        if self.backend.lean and eligible(model):
+            self.lean = LeanModel(model, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling, self.backend)
 
     @property
     def num_layers(self) -> int:
@@ -141,7 +143,8 @@ class ModelAdapter:
             cache.write(i, start, k[0], v[0])
             keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
             extra = self._window_mask(i, cache, start, pos_d)
-            o = attend(q[0].to(keys.dtype), keys, values, self.scaling, mask_d, extra).to(h.dtype)  # (Hq, T, d)
+            o = attend(q[0].to(keys.dtype), keys, values, self.scaling, mask_d, extra,
+                       self.backend.serves("attention")).to(h.dtype)  # (Hq, T, d)
             o = o.transpose(0, 1).reshape(1, t, self.num_heads * self.head_dim)
             h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -46,11 +46,13 @@ def attend(
     scale: float,
     block_mask: torch.Tensor | None = None,
     extra_mask: torch.Tensor | None = None,
+    native: bool = True,
 ) -> torch.Tensor:
     """q: (Hq, T, d); k, v: (Hkv, S, d) with the T new tokens as the last T keys.
 
     block_mask: (T, T) bool, True where query i may see new token j (None: all visible).
     extra_mask: (Hkv or 1, T, S) bool, True = allowed (sliding windows); None: no extra restriction.
+    native: the few-row kernel may serve (the compute backend's `serves("attention")`).
     Returns (Hq, T, d).
     """
     if q.device.type == "cuda":
@@ -61,7 +63,7 @@ def attend(
     qs = q.reshape(hkv, g * t, d)  # (Hkv, g*T, d): query heads of a group stacked as rows
     prefix = s - t
     rows = g * t
-    if extra_mask is None and rows <= NATIVE_ROWS:
+    if native and extra_mask is None and rows <= NATIVE_ROWS:
         out = rows_attention.attend_rows(qs, k, v, scale, t, block_mask)
         if out is not None:
             return out.reshape(hq, t, d)

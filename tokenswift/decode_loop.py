@@ -39,7 +39,7 @@ class DecodeLoop:
         self.drafter = make_drafter(gen, settings, method)
         capacity = len(ids) + max_new + self.drafter.max_nodes + 1
         self.state = RunState(gen.adapter, ids, settings, capacity, seed, eos, detail)
-        self.verifier = Verifier(self.state, settings.acceptance)
+        self.verifier = Verifier(self.state, settings.acceptance, gen.adapter.backend)
         self.method, self.max_new = method, max_new
 
     def steps(self, stop: threading.Event | None) -> Iterator[ev.Step]:

@@ -14,6 +14,7 @@ from torch import nn
 
 from . import events as ev
 from .adapter import ModelAdapter
+from .backend import Backend
 from .codec import decode_ids, encode_text
 from .datastore import Datastore, find as find_datastore
 from .decode_loop import DecodeLoop
@@ -41,10 +42,11 @@ class Generator:
     """A loaded model (plus optional heads and tokenizer) that generates with AR or TokenSwift."""
 
     def __init__(self, model: nn.Module, tokenizer=None, heads: Heads | None = None,
-                 datastore: Datastore | None = None) -> None:
+                 datastore: Datastore | None = None, backend: Backend | None = None) -> None:
+        """backend: the compute backend (default: this process's, `tokenswift.backend.current()`)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.adapter = ModelAdapter(model)
+        self.adapter = ModelAdapter(model, backend)
         self._heads: Heads | None = None
         self._lean_heads: LeanHeads | None = None
         self._native_heads: native_layers.NativeHeads | None = None
@@ -119,8 +121,9 @@ class Generator:
         lean = self.adapter.lean
         if lean is not None:
             lean.set_draft_vocab(None if heads is None else heads.draft_vocab)
-        self._lean_heads = LeanHeads(heads, lean.compute_dtype) if heads is not None and lean is not None else None
-        self._native_heads = native_layers.NativeHeads.build(self._lean_heads, lean.draft_head) if self._lean_heads else None
+        self._lean_heads = None if heads is None or lean is None else LeanHeads(heads, lean.compute_dtype, lean.backend)
+        native = self._lean_heads is not None and self.adapter.backend.serves("layers")
+        self._native_heads = native_layers.NativeHeads.build(self._lean_heads, lean.draft_head) if native else None
 
     def head_drafts(self, hidden: torch.Tensor, levels: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
         """hidden (1, H) before the final norm -> per head (the first `levels`), its k most likely ids over the

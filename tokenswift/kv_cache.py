@@ -14,8 +14,10 @@ class KVCache:
     """
 
     def __init__(self, devices: list[torch.device], capacity: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, native_moves: bool = True) -> None:
+        """native_moves: compaction may use the native kernel (the compute backend's `serves("layers")`)."""
         self.capacity = capacity
+        self.native_moves = native_moves
         self.length = 0
         shape = (num_kv_heads, capacity, head_dim)
         self.k = [torch.empty(shape, dtype=dtype, device=d) for d in devices]
@@ -38,7 +40,7 @@ class KVCache:
         """Move the K/V at `src_slots` (in order) to [dst_start, dst_start + len(src_slots))."""
         if not src_slots or src_slots == list(range(dst_start, dst_start + len(src_slots))):
             return
-        if move_slots(self, src_slots, dst_start):  # one native call instead of four tensor ops per layer
+        if self.native_moves and move_slots(self, src_slots, dst_start):  # one native call instead of four tensor ops per layer
             return
         for layer in range(len(self.k)):
             index = torch.tensor(src_slots, device=self.k[layer].device)

@@ -33,14 +33,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend
+from .backend import Backend
 from .kv_cache import KVCache
 from .native import layers as native_layers, panels as native_panels
 
 DRAFT_VOCAB = 1024  # token ids the heads rank when drafting on a CPU (see LeanModel.draft_head)
 MAX_COPY_BYTES = 2 * 2**30  # lay out copies only for models whose copies fit in this (else: module path)
 ROPE_STATIC_TYPES = ("default", "linear", "llama3", "yarn")  # rotary tables independent of sequence length
-MATMUL_ENV = "TOKENSWIFT_LEAN_MATMUL"  # "auto" (native panels, mm or oneDNN by rows) or "mm" (always mm)
-DTYPE_ENV = "TOKENSWIFT_LEAN_DTYPE"  # unset: float32 on CPU; "model": the checkpoint's dtype (experiments)
 
 
 _dnn_pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None) if torch.backends.mkldnn.is_available() else None
@@ -62,14 +61,14 @@ class Matrix:
     So `mm` up to 6 rows (AR, small trees) and oneDNN beyond (big trees; LM head at 8 rows 1,180 vs 677). float32 on CPU only; elsewhere
     (or without oneDNN) always `mm`."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, backend: Backend) -> None:
         """weight: (out, in) as nn.Linear stores it."""
         self.bias = bias
         self.dtype = dtype
         self.out_features, self.in_features = weight.shape
         self.packed = self.panels = None
-        use_dnn = os.environ.get(MATMUL_ENV, "auto") == "auto"
-        if use_dnn and dtype == torch.float32:
+        use_dnn = backend.switches.lean_matmul == "auto"
+        if use_dnn and dtype == torch.float32 and backend.serves("panels"):
             self.panels = native_panels.PanelMatrix.build(weight)
         amx = self.panels is not None and self.panels.kind == 1  # serves every row count: no other copy needed
         if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu" and not amx:
@@ -137,7 +136,9 @@ def copy_budget() -> int:
 class LeanModel:
     """forward(ids, positions, cache, start, block_mask, capture_queries) with the adapter's contract."""
 
-    def __init__(self, model: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float) -> None:
+    def __init__(self, model: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float,
+                 backend: Backend) -> None:
+        self.backend = backend
         inner = model.model
         device = next(model.parameters()).device
         self.device = device
@@ -170,7 +171,7 @@ class LeanModel:
         head = model.lm_head
         # Logits stay float32 on CPU: bf16 logits tie too often for greedy decoding (resolution 1/16 near 10).
         head_b = None if head.bias is None else head.bias.detach().float()
-        self.head = Matrix(head.weight.detach(), head_b, cd)
+        self.head = Matrix(head.weight.detach(), head_b, cd, backend)
         # The drafting vocabulary (FR-Spec's observation, arXiv 2502.14856): drafts are almost always frequent
         # tokens, and a BPE vocabulary lists tokens roughly by frequency (merges in the order they were learned),
         # so the heads rank only the first DRAFT_VOCAB ids. Measured on the default model: the heads' top-3
@@ -190,8 +191,9 @@ class LeanModel:
         # The decoder stack for a few new tokens in one native call (tokenswift/native/layer_rows.c), where the
         # library serves this model; where the library is available the PyTorch path below uses its norms and
         # SiLU too, so a row is computed the same way by either path.
-        self.native_stack = native_layers.NativeStack.build(self)
-        self.native_elementwise = device.type == "cpu" and self.compute_dtype == torch.float32 and native_layers.available()
+        native = backend.serves("layers")
+        self.native_stack = native_layers.NativeStack.build(self) if native else None
+        self.native_elementwise = native and device.type == "cpu" and self.compute_dtype == torch.float32
         self.native_silu = self.native_elementwise and all(native_layers.is_silu(layer.act) for layer in self.layers)
 
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
@@ -212,14 +214,15 @@ class LeanModel:
         if ids is None and self.draft_vocab == vocab:
             self.draft_head = self.head
         else:
-            self.draft_head = Matrix(self._head_weight[rows], None if bias is None else bias[rows], self.compute_dtype)
+            self.draft_head = Matrix(self._head_weight[rows], None if bias is None else bias[rows], self.compute_dtype,
+                                     self.backend)
 
     def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
         dtype = self.compute_dtype
-        if self.device.type == "cpu" and os.environ.get(DTYPE_ENV) == "model":
+        if self.device.type == "cpu" and self.backend.switches.lean_dtype == "model":
             dtype = self.model_dtype
         self.dtypes[name] = str(dtype).replace("torch.", "")
-        return Matrix(weight, bias, dtype)
+        return Matrix(weight, bias, dtype, self.backend)
 
     # ---- rotary ------------------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,6 +264,7 @@ class LeanModel:
         half = d // 2
         nqk = (hq + hkv) * d
         queries: list[torch.Tensor] = []
+        native = self.backend.serves("attention")
         for i, layer in enumerate(self.layers):
             x = self.norm_rows(h, layer.in_norm)
             qkv = layer.qkv(x)  # (T, (Hq + 2 Hkv) d)
@@ -273,7 +277,7 @@ class LeanModel:
             cache.write(i, start, k, v)
             keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
             extra = window_mask(i, pos) if window_mask is not None else None
-            o = attend(q.to(keys.dtype), keys, values, self.scaling, block_mask, extra)  # (Hq, T, d)
+            o = attend(q.to(keys.dtype), keys, values, self.scaling, block_mask, extra, native)  # (Hq, T, d)
             h = h + layer.o(o.transpose(0, 1).reshape(t, hq * d).to(h.dtype))
             x = self.norm_rows(h, layer.post_norm)
             gate_up = layer.gate_up(x)
@@ -304,12 +308,12 @@ class LeanHeads:
     """The multi-token heads in the lean layout: float32 (on CPU) pre-laid-out matrices and norm weights,
     no module calls (measured: 3 heads over one row took about 1.2 ms through their modules in bf16)."""
 
-    def __init__(self, heads: nn.Module, compute_dtype: torch.dtype) -> None:
+    def __init__(self, heads: nn.Module, compute_dtype: torch.dtype, backend: Backend) -> None:
         self.blocks = []
         for block in heads.layers:
             eps = float(getattr(block.input_layernorm, "variance_epsilon", getattr(block.input_layernorm, "eps", 1e-6)))
             self.blocks.append((block.input_layernorm.weight.detach().to(compute_dtype),
-                                Matrix(block.linear.weight.detach(), None, compute_dtype),
+                                Matrix(block.linear.weight.detach(), None, compute_dtype, backend),
                                 block.post_layernorm.weight.detach().to(compute_dtype), eps))
         self.compute_dtype = compute_dtype
 

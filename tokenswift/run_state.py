@@ -32,7 +32,8 @@ class RunState:
         self.seq[: len(ids)] = torch.tensor(ids)
         self._seq_view = self.seq.numpy()  # the same memory: writing a few ids through it skips a tensor's creation
         self.seq_ptr = self.seq.data_ptr()  # its address, for the native walk
-        self.full = KVCache(adapter.layer_devices, capacity, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
+        self.full = KVCache(adapter.layer_devices, capacity, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype,
+                            adapter.backend.serves("layers"))
         self.uniforms = UniformStream(seed)
         self.iteration = 0
 

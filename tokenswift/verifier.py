@@ -14,6 +14,7 @@ import torch
 
 from . import events as ev
 from .acceptance import exact_walk, per_row_walk
+from .backend import Backend
 from .native import decide as native_decide
 from .run_state import RunState
 from .sampling import decide_rows
@@ -40,9 +41,12 @@ class Verdict:
 
 
 class Verifier:
-    def __init__(self, state: RunState, acceptance: str) -> None:
+    def __init__(self, state: RunState, acceptance: str, backend: Backend) -> None:
         self.state = state
         self.exact = acceptance == "exact"
+        rule = native_decide.rule_of(state.s)  # None where the native chain lacks one of the settings' steps
+        self.decide_rule = rule if backend.serves("decide") else None  # None: PyTorch decides
+        self.walk_rule = rule if backend.serves("walk") else None  # None: the walk in Python
 
     def decide(self, logits: torch.Tensor, extras: list[list[int]] | None, depths: list[int],
                want_probs: bool | None = None) -> tuple[list[int], torch.Tensor | None]:
@@ -58,8 +62,8 @@ class Verifier:
                 u = st.uniforms.peek(1)
             else:
                 u = torch.from_numpy(st.uniforms.peek(max(depths) + 1).numpy()[depths])  # numpy's gather: ~10 us less
-        fast = native_decide.decide_rows(logits, st.seq, len(st.ids), st.s.penalty_window, extras,
-                                         native_decide.rule_of(st.s), u, want_probs=want_probs)
+        fast = None if self.decide_rule is None else native_decide.decide_rows(
+            logits, st.seq, len(st.ids), st.s.penalty_window, extras, self.decide_rule, u, want_probs=want_probs)
         if fast is not None:  # the same chain in one native pass (about 20 us instead of 0.2-0.8 ms)
             return fast
         return decide_rows(logits, st.seen(extras), st.s, u, want_probs=want_probs)
@@ -98,9 +102,9 @@ class Verifier:
     def exact_walk(self, tree: DraftTree, logits: torch.Tensor, table: Any) -> tuple[list[int], int, Any, Any]:
         st = self.state
         walked = None
-        if logits.device.type == "cpu":  # the walk in one native call, visited rows only
+        if self.walk_rule is not None and logits.device.type == "cpu":  # the walk in one native call, visited rows only
             walked = native_decide.walk_tree(logits, st.seq_ptr, len(st.ids), st.s.penalty_window, table,
-                                             native_decide.rule_of(st.s),
+                                             self.walk_rule,
                                              0 if st.s.greedy else st.uniforms.address(max(tree.depths) + 1),
                                              st.detail)
         if walked is not None:

@@ -117,11 +117,13 @@ def _stats(method: str, step, new_tokens: int) -> dict:
 def api_health(app: LiveApp) -> Callable:
     def health() -> str:
         """The server's state as JSON: jobs queued or running in the engine (and the limit), the engine's
-        process id, resident and peak memory of the server and of the engine (MiB), the server's threads."""
+        process id and compute backend (its CPU kind, kernel variant and what does not serve), resident and peak
+        memory of the server and of the engine (MiB), the server's threads."""
         engine_pid = app.engine.pid if app.engine is not None else None
         return json.dumps({
             "pending": app.engine.pending if app.engine is not None else 0, "queue_size": app.limits.queue_size,
             "engine_pid": engine_pid, "server_threads": threading.active_count(),
+            "engine_backend": app.engine.backend if app.engine is not None else None,
             "server_rss_mb": _mb(resident_mb, "self"), "server_peak_mb": _mb(peak_mb, "self"),
             "engine_rss_mb": _mb(resident_mb, engine_pid), "engine_peak_mb": _mb(peak_mb, engine_pid),
             "engine_threads": sum(t.name.startswith("tokenswift-engine") for t in threading.enumerate()),

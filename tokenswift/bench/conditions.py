@@ -29,7 +29,8 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
     return {
         "threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "cpu": cpu_model(), "cpus_online": os.cpu_count(), "cpu_kind": _cpu_kind(), "kernels": _kernels(),
+        "cpu": cpu_model(), "cpus_online": os.cpu_count(), "cpu_kind": gen.adapter.backend.cpu,
+        "kernels": gen.adapter.backend.describe(),
         "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
         "engine_compute": _engine_compute(gen),
         "datastore_contexts": len(gen.datastore) if gen.datastore is not None else 0,
@@ -43,33 +44,20 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
     }
 
 
-def _cpu_kind() -> str:
-    from ..native import build
-
-    return build.cpu_kind()
-
-
-def _kernels() -> str:
-    from ..native import panels
-
-    return panels.describe()
-
-
 def _engine_compute(gen) -> str:
     lean = gen.adapter.lean
     if lean is None:
         return "through the model's own modules"
-    from ..native import build, decide, panels, rows_attention
-
+    backend = gen.adapter.backend
     kinds = sorted(set(lean.dtypes.values()))
-    if lean.native_rows and rows_attention.available() and decide.available():
+    if lean.native_rows and backend.serves("attention") and backend.serves("decide"):
         native = "native few-row matmul, attention and decision kernels"
-    elif lean.native_rows and rows_attention.available():
-        native = f"native few-row matmul and attention kernels (decisions through PyTorch: {build.why_not('decide_rows')})"
+    elif lean.native_rows and backend.serves("attention"):
+        native = f"native few-row matmul and attention kernels (decisions through PyTorch: {backend.why_not['decide']})"
     elif lean.native_rows:
-        native = f"native few-row matmul kernel (attention through PyTorch: {build.why_not('attend_rows')})"
+        native = f"native few-row matmul kernel (attention through PyTorch: {backend.why_not['attention']})"
     else:
-        native = f"PyTorch matmuls and attention ({panels.why_unavailable() or 'native kernels not used'})"
+        native = f"PyTorch matmuls and attention ({backend.why_not['panels'] or 'native kernels not used'})"
     if lean.native_stack is not None:
         native += ", the decoder stack of up to 16 new tokens in one native call"
     if lean.native_rows and lean.head.panels.kind == 1:

@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import abi
+from . import abi, switches
+from .switches import ISA_ENV, NATIVE_ENV as DISABLE_ENV
 
-DISABLE_ENV = "TOKENSWIFT_NATIVE"  # "0": never build or load native kernels
 CACHE_ENV = "TOKENSWIFT_CACHE"
-ISA_ENV = "TOKENSWIFT_ISA"  # "native" (default: the best variant this CPU runs) or a key of VARIANTS
 # -ffp-contract=off: a product and a sum are rounded where the C says, never fused behind its back, so that every
 # variant computes what its intrinsics say and the element-wise functions what PyTorch's do.
 COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC")
@@ -129,7 +128,7 @@ def cache_dir() -> Path:
 def variant() -> str:
     """The variant this process asks for (TOKENSWIFT_ISA): "native" (the best this CPU runs, the default) or a key
     of VARIANTS; an unknown name is an error."""
-    name = os.environ.get(ISA_ENV, "") or "native"
+    name = switches.current().isa
     if name != "native" and name not in VARIANTS:
         raise ValueError(f"{ISA_ENV}={name!r}: expected one of native, {', '.join(VARIANTS)}")
     return name
@@ -152,7 +151,7 @@ def library() -> ctypes.CDLL | None:
     if "lib" not in _library:
         chosen = variant()  # a malformed TOKENSWIFT_ISA is refused on every machine, not only where kernels build
         lib, picked, why, passed = None, None, "", []
-        if os.environ.get(DISABLE_ENV, "1") == "0":
+        if not switches.current().native:
             why = f"{DISABLE_ENV}=0"
         elif platform.machine().lower() not in ("x86_64", "amd64"):
             why = f"not an x86-64 CPU ({platform.machine()})"

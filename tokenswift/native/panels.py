@@ -14,17 +14,15 @@ thread, fp32 weights streamed from L3, microseconds for 1 / 4 / 8 rows): gate/up
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import torch
 
-from . import build
+from . import build, switches
+from .switches import AMX_ENV, BF16_ENV
 
 MAX_ROWS = 16  # beyond this (big trees, prefill chunks) oneDNN / MKL are as good or better
-AMX_ENV = "TOKENSWIFT_AMX"  # "0": float32 panels even where AMX could serve (comparisons)
 AMX_MAX_K = 4096
-BF16_ENV = "TOKENSWIFT_BF16_PANELS"  # "0": float32 panels even where bfloat16 panels could serve (comparisons)
 # AMX over float32 panels, measured here (one thread, microseconds for 1 / 4 / 9 / 12 rows): q/k/v 640x384
 # 11.5 / 16.1 / 28.1 / 39.2 -> 7.2 / 7.6 / 14.5 / 19.6; gate/up 2048x384 137 / 146 / 145 / 147 -> 22 / 24 / 45 / 64;
 # down 384x1024 24 / 33 / 62 / 73 -> 14 / 15 / 27 / 39; LM head 8192x384 516 / 516 / 536 / 549 -> 292 / 303 / 348 / 405.
@@ -39,14 +37,14 @@ def _function():
 
 def _amx_function():
     """The AMX kernel, or None (no AMX, no permission for its tile state, or TOKENSWIFT_AMX=0)."""
-    if os.environ.get(AMX_ENV, "1") == "0":
+    if not switches.current().amx:
         return None
     return build.function("panel_amx", _INT, _ARGS + [_VOID, _LONG], _amx_self_check, "torch.mm")
 
 
 def _bf16_function():
     """The bfloat16-panel kernel, or None (no native kernels, or TOKENSWIFT_BF16_PANELS=0)."""
-    if os.environ.get(BF16_ENV, "1") == "0":
+    if not switches.current().bf16_panels:
         return None
     return build.function("panel_bf16", _INT, _ARGS, _bf16_self_check, "float32 panels")
 
@@ -99,14 +97,16 @@ def describe() -> str:
     how = f"this CPU's best: {switch}" if build.variant() == "native" else f"{build.ISA_ENV}={chosen.name}: {switch}"
     passed = "".join(f"; {line}" for line in build.passed_over())
 
-    def state(on: bool, env: str, otherwise: str) -> str:
+    def state(on: bool, switched_on: bool, env: str, otherwise: str) -> str:
         if on:
             return "on"
-        return f"off ({env}=0)" if os.environ.get(env, "1") == "0" else f"off ({otherwise})"
+        return f"off ({otherwise})" if switched_on else f"off ({env}=0)"
 
     no_amx = build.why_not("panel_amx") or "not in this build"
-    return (f"native kernels: {chosen.name} build ({how}{passed}), AMX {state(amx_available(), AMX_ENV, no_amx)}, "
-            f"bf16 panels {state(bf16_available(), BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}")
+    chosen_switches = switches.current()
+    return (f"native kernels: {chosen.name} build ({how}{passed}), "
+            f"AMX {state(amx_available(), chosen_switches.amx, AMX_ENV, no_amx)}, "
+            f"bf16 panels {state(bf16_available(), chosen_switches.bf16_panels, BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}")
 
 
 class PanelMatrix:

@@ -66,6 +66,9 @@ class ProcessRunner(RunHandle):
         return self.engine.jobs_ahead(self.run_id)
 
 
+BACKEND_EVENT = 0  # the run id of the engine's one message about its compute backend (real runs count from 1)
+
+
 class EngineProcess:
     """The server's handle on the engine process (started on first use, restarted after a crash)."""
 
@@ -82,6 +85,7 @@ class EngineProcess:
         self._waiting: list[ProcessRunner] = []  # submitted, not yet given to the engine
         self._usage: dict[str, tuple[float, float]] = {}  # client -> (engine-seconds, when last updated)
         self._ids = itertools.count(1)
+        self.backend = ""  # the engine's compute backend, as it describes itself once started (tokenswift.backend)
 
     # ---- the server's side ------------------------------------------------------------------------------
     def start(self) -> "EngineProcess":
@@ -276,6 +280,9 @@ class EngineProcess:
                 run_id, event = events.recv()
             except (EOFError, OSError):
                 break
+            if run_id == BACKEND_EVENT:
+                self.backend = event
+                continue
             with self._lock:
                 entry = self._runs.get(run_id)
                 if entry is not None and isinstance(event, Finished):
@@ -393,6 +400,9 @@ class _StepSessions:
 def _serve(commands: Connection, events: Connection, models: dict[str, str], step_sessions: int) -> None:
     from .models import ModelCache
 
+    from ..backend import current
+
+    events.send((BACKEND_EVENT, current().describe()))  # builds or loads the kernels once, before the first job
     cache = ModelCache(models)
     inbox = _Inbox(commands)
     steppers = _StepSessions(step_sessions)
