@@ -18,12 +18,14 @@ os.environ["GRADIO_TEMP_DIR"] = os.path.join(os.environ.get("GRADIO_TEMP_DIR") o
 def main() -> None:
     from tokenswift.serve.limits import PLOT_PERIOD, Limits, env_number
 
+    from tokenswift.native import build
     from tokenswift.serve.client_address import trusted_proxies
 
     try:
         limits = Limits.from_env()
         plot_period_s = env_number(PLOT_PERIOD)
         proxies = trusted_proxies()
+        build.variant()  # a malformed TOKENSWIFT_ISA stops the server here, not the engine at every start
     except ValueError as exc:
         sys.exit(f"error: {exc}")
 

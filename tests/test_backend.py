@@ -56,10 +56,14 @@ def test_a_kernel_the_backend_does_not_serve_is_never_called_and_the_output_is_t
     assert default.generate(prompt, settings, 20).token_ids == want[:20] and calls  # the kernel serves by default
     calls.clear()
     chosen = backend.current()
-    without = dataclasses.replace(chosen, why_not={**chosen.why_not, "attention": "turned off by the test",
-                                                   "layers": "turned off by the test"})
+    off = dict.fromkeys(("attention", "layers", "amx", "bf16 panels"), "turned off by the test")
+    without = dataclasses.replace(chosen, why_not={**chosen.why_not, **off})
     gen = ts.Generator(model, heads=heads, backend=without)
-    assert gen.adapter.lean.native_stack is None
+    lean = gen.adapter.lean
+    assert lean.native_stack is None
+    kinds = {m.panels.kind for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+             if m.panels is not None}
+    assert kinds <= {0}  # float32 panels only: no AMX tiles (1) and no bfloat16 panels (2)
     assert gen.generate(prompt, settings, 60).token_ids == want and not calls
     assert "attention: turned off by the test" in without.describe()
 
@@ -73,3 +77,26 @@ def test_switched_off_kernels_say_so_in_a_fresh_process():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(out["why"].values()) == {"TOKENSWIFT_NATIVE=0"} and not out["lean"]
     assert out["line"].endswith("switches: TOKENSWIFT_NATIVE=0 TOKENSWIFT_LEAN=0")
+
+
+def test_a_stack_is_built_only_where_the_pytorch_path_attends_the_same_way():
+    """The native stack attends with the native kernel: a backend whose attention kernel does not serve must not
+    build it (the PyTorch path would then attend differently, in the last bits)."""
+    model = tiny_model(NATIVE_FAMILY, seed=4)
+    native_stack_or_skip(ts.Generator(model))
+    chosen = backend.current()
+    no_attention = dataclasses.replace(chosen, why_not={**chosen.why_not, "attention": "turned off by the test"})
+    assert ts.Generator(model, backend=no_attention).adapter.lean.native_stack is None
+
+
+def test_ar_iterations_spend_no_drafting_time():
+    gen = ts.Generator(tiny_model("llama-gqa"))
+    steps = list(gen.stream(list(range(20)), ts.Settings(), 8, method="ar"))
+    assert all(step.timings.draft_s == 0.0 for step in steps) and all(step.timings.verify_s > 0 for step in steps)
+
+
+def test_a_malformed_isa_stops_the_app_at_start_with_one_line():
+    env = {**os.environ, switches.ISA_ENV: "avx9", "GRADIO_SERVER_PORT": "1"}
+    done = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "error: TOKENSWIFT_ISA='avx9': expected one of native, amx, avx512, avx2"

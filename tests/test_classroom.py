@@ -132,3 +132,17 @@ def test_the_step_tree_labels_only_the_nodes_the_walk_judged():
     assert labelled == {100, 101, 102, 103, 104, 105, 106, 107, 110}  # 108, 109 and 111 were never reached
     full = draft_tree_figure(nodes, accepted, decode)
     assert all(text for t in by_meta(full, "nodes") for text in t.text)
+
+
+def test_stop_hurries_only_a_reveal_under_way():
+    """After a run has been shown in full (or after a replay) Stop says nothing is running; while the slower pane is
+    still revealed at its pace, Stop shows the rest at once."""
+    from tokenswift.serve.models import Codecs
+
+    app = LiveApp(Codecs({}), None)
+    request = SimpleNamespace(session_hash="stopper", headers={}, client=None)
+    session = app.session(request)
+    session.trace = SimpleNamespace(approx_bytes=lambda: 0)  # a finished run on the page
+    assert app.stop(request) == "Nothing is running." and not session.hurry
+    session.revealing = True
+    assert app.stop(request) == "Showing the rest of the race at once…" and session.hurry

@@ -98,6 +98,10 @@ def test_the_client_is_the_address_the_proxy_appended():
     assert behind_proxy.client(_Request("s", host="10.0.0.1", headers=spoofed)) == "5.6.7.8"
     direct = _live_app(Limits())  # no proxy in front: the header is the visitor's own text, never read
     assert direct.client(_Request("s", host="10.0.0.1", headers=spoofed)) == "10.0.0.1"
+    from starlette.datastructures import Headers
+
+    two_lines = Headers(raw=[(b"x-forwarded-for", b"1.2.3.4"), (b"x-forwarded-for", b"5.6.7.8")])  # one per proxy
+    assert behind_proxy.client(_Request("s", host="10.0.0.1", headers=two_lines)) == "5.6.7.8"
 
 
 def test_trusted_proxies_are_read_from_the_environment_with_a_sentence_for_bad_values():

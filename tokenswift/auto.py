@@ -285,6 +285,7 @@ class AutoDrafter:
     """`tree="auto"`: every proposal (suffix match, datastore, fused heads, 4-grams) in one candidate trie, each node
     rated by its kind's measured acceptance, pruned to the best expected tokens per second (`choose`); drafting
     always fused (no draft forward: on a CPU it costs about an AR step, measured). Learns from each verdict."""
+    drafts = True
     wants_queries = False
     partial: PartialKVCache | None = None
     max_nodes = MAX_ROWS + max(PROBE_ROWS)

@@ -50,9 +50,10 @@ class Backend:
         return head + ("; off: " + ", ".join(missing) if missing else "") + ("; switches: " + " ".join(off) if off else "")
 
 
-def choose(chosen: Switches | None = None) -> Backend:
-    """Probe every kernel family under `chosen` switches (this process's by default)."""
-    chosen = chosen or switches.current()
+def choose() -> Backend:
+    """Probe every kernel family under this process's switches (the kernels read the same ones: the library is
+    loaded once per process). A backend passed to a generator may serve less than this one, never more."""
+    chosen = switches.current()
     probes = {"panels": panels.available, "bf16 panels": panels.bf16_available, "amx": panels.amx_available,
               "layers": layers.available, "attention": rows_attention.available, "decide": decide.available,
               "walk": decide.walk_available}

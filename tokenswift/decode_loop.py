@@ -88,7 +88,7 @@ class DecodeLoop:
         t = time.perf_counter()
         proposal = drafter.propose(st)  # propose
         if proposal.plain:  # nothing to verify: one AR-cost step
-            draft_s = time.perf_counter() - t
+            draft_s = time.perf_counter() - t if drafter.drafts else 0.0  # AR proposes nothing: no drafting time
             root = st.ids[-1]
             h, token = self.verifier.one_row(timings)  # verify and commit one row
             timings.draft_s = draft_s

@@ -109,6 +109,7 @@ class ReuseIndex:
 
 class ArDrafter:
     """Plain autoregressive decoding: nothing proposed, one token per iteration from the target."""
+    drafts = False
     wants_queries = False
     partial: PartialKVCache | None = None
     partial_mode = PartialMode.NONE
@@ -131,6 +132,7 @@ class ArDrafter:
 
 class FixedTreeDrafter:
     """The paper's drafting: a fixed tree spec of head candidates plus n-gram continuations of its depth-1 tokens."""
+    drafts = True
 
     def __init__(self, gen: DraftingModel, settings: Settings) -> None:
         self.gen, self.s = gen, settings

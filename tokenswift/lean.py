@@ -69,7 +69,7 @@ class Matrix:
         self.packed = self.panels = None
         use_dnn = backend.switches.lean_matmul == "auto"
         if use_dnn and dtype == torch.float32 and backend.serves("panels"):
-            self.panels = native_panels.PanelMatrix.build(weight)
+            self.panels = native_panels.PanelMatrix.build(weight, backend.serves("amx"), backend.serves("bf16 panels"))
         amx = self.panels is not None and self.panels.kind == 1  # serves every row count: no other copy needed
         if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu" and not amx:
             self.packed = _dnn_pack(weight.to(dtype).contiguous(), 16)
@@ -133,6 +133,63 @@ def copy_budget() -> int:
     return max(MAX_COPY_BYTES, int(0.6 * available))
 
 
+class DraftHead:
+    """The LM head over the drafting vocabulary (FR-Spec's observation, arXiv 2502.14856): drafts are almost always
+    frequent tokens, and a BPE vocabulary lists tokens roughly by frequency (merges in the order they were learned),
+    so by default the heads rank only the first DRAFT_VOCAB ids on a CPU. Measured on the default model: the heads'
+    top-3 hit rate on their own output unchanged (0.228 vs 0.232 for head 0), and a consult's LM-head product 8x
+    smaller (468 -> 22 us for 3 rows). Drafts only: every verified token still comes from the full head. Heads
+    trained with a drafting vocabulary of their own (measured coverage, most frequent first; see
+    tokenswift.train.distill_heads) bring it: `set`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, full: Matrix, dtype: torch.dtype, on_cpu: bool,
+                 backend: Backend) -> None:
+        self._weight, self._bias, self._full = weight, bias, full  # (V, H), (V,) or None, the full head's matrix
+        self._dtype, self._on_cpu, self._backend = dtype, on_cpu, backend
+        self.set(None)
+
+    def set(self, ids: torch.Tensor | None) -> None:
+        """The token ids the heads rank: `ids` (distinct, in the order given), or None for the default. `ids` (the
+        attribute) maps a row of `matrix` back to its token id (None: row i is id i); `size` counts the rows."""
+        vocab = self._weight.shape[0]
+        if ids is None:
+            self.ids = None
+            self.size = DRAFT_VOCAB if self._on_cpu and vocab > 2 * DRAFT_VOCAB else vocab
+            rows = slice(0, self.size)
+        else:
+            ids = ids.to(torch.int64).cpu()
+            self.ids = ids.tolist()
+            self.size = len(self.ids)
+            rows = ids.to(self._weight.device)
+        if ids is None and self.size == vocab:
+            self.matrix = self._full
+        else:
+            bias = None if self._bias is None else self._bias[rows]
+            self.matrix = Matrix(self._weight[rows], bias, self._dtype, self._backend)
+
+
+class RotaryTables:
+    """cos and sin of the rotary embedding for given positions, (T, 1, d) in the compute dtype: from tables grown on
+    demand where the rotary type does not depend on the sequence length, else from the model's rotary module."""
+
+    def __init__(self, rotary: nn.Module, static: bool, dtype: torch.dtype, device: torch.device) -> None:
+        self.rotary, self.static, self.dtype, self.device = rotary, static, dtype, device
+        self._cos = self._sin = None  # (n, d) tables
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.static:
+            x = torch.empty(1, dtype=self.dtype, device=self.device)
+            cos, sin = self.rotary(x, positions[None])
+            return cos[0, :, None].to(self.dtype), sin[0, :, None].to(self.dtype)
+        need = int(positions.max()) + 1
+        if self._cos is None or self._cos.shape[0] < need:
+            size = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 4096)
+            x = torch.empty(1, dtype=torch.float32, device=self.device)
+            cos, sin = self.rotary(x, torch.arange(size, device=self.device)[None])
+            self._cos, self._sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+        return self._cos[positions][:, None], self._sin[positions][:, None]
+
+
 class LeanModel:
     """forward(ids, positions, cache, start, block_mask, capture_queries) with the adapter's contract."""
 
@@ -172,50 +229,36 @@ class LeanModel:
         # Logits stay float32 on CPU: bf16 logits tie too often for greedy decoding (resolution 1/16 near 10).
         head_b = None if head.bias is None else head.bias.detach().float()
         self.head = Matrix(head.weight.detach(), head_b, cd, backend)
-        # The drafting vocabulary (FR-Spec's observation, arXiv 2502.14856): drafts are almost always frequent
-        # tokens, and a BPE vocabulary lists tokens roughly by frequency (merges in the order they were learned),
-        # so the heads rank only the first DRAFT_VOCAB ids. Measured on the default model: the heads' top-3
-        # hit rate on their own output unchanged (0.228 vs 0.232 for head 0), and a consult's LM-head product
-        # 8x smaller (468 -> 22 us for 3 rows). Drafts only: every verified token still comes from the full head.
-        # Heads trained with a drafting vocabulary of their own (measured coverage, most frequent first; see
-        # tokenswift.train.distill_heads) bring it: set_draft_vocab.
-        self._head_weight, self._head_bias, self._on_cpu = head.weight.detach(), head_b, on_cpu
-        self.set_draft_vocab(None)
+        self.drafting = DraftHead(head.weight.detach(), head_b, self.head, cd, on_cpu, backend)
         self.intermediate = self.layers[0].down.in_features
         # True when the matrices run through the native panel kernel: a few verified rows then cost little more than one
         self.native_rows = all(m.panels is not None for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        self.rotary = inner.rotary_emb
         params = getattr(model.config, "rope_parameters", None) or {}
-        self.static_rope = params.get("rope_type", "default") in ROPE_STATIC_TYPES
-        self._cos = self._sin = None  # (n, d) tables, grown on demand
+        self.rope = RotaryTables(inner.rotary_emb, params.get("rope_type", "default") in ROPE_STATIC_TYPES, cd, device)
         # The decoder stack for a few new tokens in one native call (tokenswift/native/layer_rows.c), where the
         # library serves this model; where the library is available the PyTorch path below uses its norms and
         # SiLU too, so a row is computed the same way by either path.
         native = backend.serves("layers")
-        self.native_stack = native_layers.NativeStack.build(self) if native else None
+        # the stack attends with the native kernel: only where the PyTorch path does too (the same numbers)
+        self.native_stack = native_layers.NativeStack.build(self) if native and backend.serves("attention") else None
         self.native_elementwise = native and device.type == "cpu" and self.compute_dtype == torch.float32
         self.native_silu = self.native_elementwise and all(native_layers.is_silu(layer.act) for layer in self.layers)
 
+    # ---- the drafting vocabulary (DraftHead) --------------------------------------------------------------
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
-        """The token ids the heads rank when drafting: `ids` (distinct, in the order given), or None for the default
-        (the first DRAFT_VOCAB ids on a CPU when the vocabulary is much larger, else all). `draft_ids` maps a row
-        of `draft_head` back to its token id (None: row i is id i)."""
-        vocab = self._head_weight.shape[0]
-        bias = self._head_bias
-        if ids is None:
-            self.draft_ids = None
-            self.draft_vocab = DRAFT_VOCAB if self._on_cpu and vocab > 2 * DRAFT_VOCAB else vocab
-            rows = slice(0, self.draft_vocab)
-        else:
-            ids = ids.to(torch.int64).cpu()
-            self.draft_ids = ids.tolist()
-            self.draft_vocab = len(self.draft_ids)
-            rows = ids.to(self._head_weight.device)
-        if ids is None and self.draft_vocab == vocab:
-            self.draft_head = self.head
-        else:
-            self.draft_head = Matrix(self._head_weight[rows], None if bias is None else bias[rows], self.compute_dtype,
-                                     self.backend)
+        self.drafting.set(ids)
+
+    @property
+    def draft_ids(self) -> list[int] | None:
+        return self.drafting.ids
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.drafting.size
+
+    @property
+    def draft_head(self) -> "Matrix":
+        return self.drafting.matrix
 
     def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
         dtype = self.compute_dtype
@@ -223,21 +266,6 @@ class LeanModel:
             dtype = self.model_dtype
         self.dtypes[name] = str(dtype).replace("torch.", "")
         return Matrix(weight, bias, dtype, self.backend)
-
-    # ---- rotary ------------------------------------------------------------------------------------
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (T,) -> cos, sin (T, 1, d) in the compute dtype."""
-        if not self.static_rope:
-            x = torch.empty(1, dtype=self.compute_dtype, device=self.device)
-            cos, sin = self.rotary(x, positions[None])
-            return cos[0, :, None].to(self.compute_dtype), sin[0, :, None].to(self.compute_dtype)
-        need = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < need:
-            size = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 4096)
-            x = torch.empty(1, dtype=torch.float32, device=self.device)
-            cos, sin = self.rotary(x, torch.arange(size, device=self.device)[None])
-            self._cos, self._sin = cos[0].to(self.compute_dtype), sin[0].to(self.compute_dtype)
-        return self._cos[positions][:, None], self._sin[positions][:, None]
 
     # ---- the step ----------------------------------------------------------------------------------
     @torch.inference_mode()

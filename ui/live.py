@@ -54,6 +54,7 @@ class Session:
     step_key: RunRequest | None = None  # the classroom run the engine holds for this session
     seed: int | None = None  # the seed of the run shown (None: a replay of a file that names none)
     hurry: bool = False  # Stop pressed while the race display reveals a finished run: show the rest at once
+    revealing: bool = False  # the engine is done and the page still reveals the slower pane at its pace
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def kept_bytes(self) -> int:
@@ -133,9 +134,12 @@ class LiveApp:
         """Whose engine time a job spends: the visitor's address (tokenswift/serve/client_address.py: behind
         `self.proxies` proxies the X-Forwarded-For entry the outermost one appended, else the socket's peer)."""
         headers = getattr(request, "headers", None) or {}
-        forwarded = headers.get("x-forwarded-for", "") if hasattr(headers, "get") else ""
+        if hasattr(headers, "getlist"):  # every X-Forwarded-For line, as the join limit reads them
+            forwarded = ",".join(headers.getlist("x-forwarded-for"))
+        else:
+            forwarded = str(headers.get("x-forwarded-for", "")) if hasattr(headers, "get") else ""
         peer = getattr(request, "client", None)
-        return client_address(str(forwarded), str(getattr(peer, "host", "") or ""), self.proxies)
+        return client_address(forwarded, str(getattr(peer, "host", "") or ""), self.proxies)
 
     def session(self, request: gr.Request | None) -> Session:
         key = self.key(request)
@@ -300,6 +304,7 @@ class LiveApp:
                         trace.add(step)
                     started = started or bool(steps)
                 now = time.monotonic()
+                session.revealing = finished is not None
                 if finished is not None and (session.hurry or not _completed(finished)):
                     clock.finish(trace)  # stopped or failed: show what there is at once
                 if finished is not None and clock.caught_up(trace):
@@ -324,6 +329,7 @@ class LiveApp:
                     yield update
                 time.sleep(POLL_S)
         finally:
+            session.revealing = False
             runner.stop()  # Stop button, closed tab or an error: the engine ends the job within one iteration
 
     def stop(self, request: gr.Request = None) -> str:
@@ -331,7 +337,7 @@ class LiveApp:
         if session.runner is not None and session.runner.alive:
             session.runner.stop()
             return "Stopping after the current iteration…"
-        if session.trace is not None and session.step_key is None:
+        if session.revealing:
             session.hurry = True  # a finished run still being revealed at pace: show the rest now
             return "Showing the rest of the race at once…"
         return "Nothing is running."

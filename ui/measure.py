@@ -25,7 +25,7 @@ from ui.app_server import AppServer  # noqa: E402
 
 from tokenswift import Generator  # noqa: E402
 from tokenswift.kinds import Method  # noqa: E402
-from tokenswift.bench import child_pids, proportional_mb, resident_mb  # noqa: E402
+from tokenswift.memory import child_pids, proportional_mb, resident_mb  # noqa: E402
 from ui.controls import EXAMPLE_PROMPTS, default_controls, page_model  # noqa: E402
 from tokenswift.serve.models import ModelCache  # noqa: E402
 from tokenswift.serve.runner import RunRequest, interleave  # noqa: E402

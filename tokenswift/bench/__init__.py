@@ -49,5 +49,3 @@ One module per command (ar_vs_hf, resident, context, drafts, rows, parts, bonus_
 cli.py; `bench speed`'s conditions, prompts and report (table and chart, apart from the runs) in conditions.py,
 prompts.py and report.py. A process's memory readers live in tokenswift/memory.py, outside the benchmarks.
 """
-# Re-exported for `python -m ui.measure`, which still imports them from here; tokenswift.memory is their home.
-from ..memory import child_pids, peak_mb, proportional_mb, resident_mb  # noqa: F401

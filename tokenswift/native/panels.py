@@ -138,13 +138,14 @@ class PanelMatrix:
             self.panels = w.reshape(n // self.WIDTH, self.WIDTH, k).transpose(1, 2).contiguous()  # (N/32, K, 32)
 
     @classmethod
-    def build(cls, weight: torch.Tensor) -> "PanelMatrix | None":
+    def build(cls, weight: torch.Tensor, amx: bool = True, bf16: bool = True) -> "PanelMatrix | None":
+        """amx, bf16: whether AMX tiles / bfloat16 panels may serve (the compute backend's choice) where they can."""
         if weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[0] % cls.WIDTH or _function() is None:
             return None
         n, k = weight.shape
         # the bfloat16 test reads the whole weight: only where a kernel could use its answer
-        amx_fits = k % 32 == 0 and k <= AMX_MAX_K and _amx_function() is not None
-        exact = (amx_fits or _bf16_function() is not None) and _exactly_bfloat16(weight)
+        amx_fits = amx and k % 32 == 0 and k <= AMX_MAX_K and _amx_function() is not None
+        exact = (amx_fits or (bf16 and _bf16_function() is not None)) and _exactly_bfloat16(weight)
         return cls(weight, amx=amx_fits and exact, bf16=exact and not amx_fits)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

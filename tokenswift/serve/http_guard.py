@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from .client_address import scope_address
-from .join_limit import JoinLimiter
+from .join_limit import JoinLimiter, StreamLines
 
 UPLOAD_MAX_AGE_S = 600.0  # an upload not replayed within this long is deleted
 UPLOAD_GRACE_S = 60.0  # a fresh upload is kept this long even when the folder is over budget (its replay reads it)
@@ -186,11 +186,14 @@ class HttpGuard:
                                                 f"characters.")
             receive = _replay(body, receive)
             if self.joins is not None:
-                address = scope_address(scope, self.proxies)
-                if not self.joins.admits(address):
+                place = self.joins.reserve(scope_address(scope, self.proxies))
+                if place is None:
                     return await _refuse(send, 429, f"Your address already has {self.joins.per_address} requests "
                                                     f"waiting or running; please wait for one to finish.")
-                send = _joined(send, self.joins, address)
+                try:
+                    return await self.app(scope, receive, _joined(send, self.joins, place))
+                finally:
+                    self.joins.release(place)  # no answer was read (a no-op once confirmed)
 
         async def counted():
             nonlocal received
@@ -212,12 +215,14 @@ class HttpGuard:
         session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [""])[0]
         self.watch.activity(session, opened=1)
 
+        lines = StreamLines()
+
         async def noted(message):
+            if self.joins is not None and message["type"] == "http.response.body" and message.get("body"):
+                self.joins.completed_in_lines(lines.feed(message["body"]))  # before sending: a client may leave
             await send(message)  # returns once the transport took it: a client that reads nothing stalls here
             if message["type"] == "http.response.body" and message.get("body"):
                 self.watch.activity(session)
-                if self.joins is not None:
-                    self.joins.completed_in_stream(message["body"])
 
         try:
             await self.app(scope, receive, noted)
@@ -254,15 +259,15 @@ def _session_of(body: bytes) -> str | None:
     return session if isinstance(session, str) and len(session) <= SESSION_ID_CHARS else None
 
 
-def _joined(send, joins: JoinLimiter, address: str):
-    """A `send` that reads gradio's answer to a join (the event's id) and counts the event against `address`."""
+def _joined(send, joins: JoinLimiter, place: str):
+    """A `send` that reads gradio's answer to a join (the event's id) and keeps the reserved place for that event."""
     chunks: list[bytes] = []
 
     async def noted(message):
         if message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
-                joins.joined_from_response(address, b"".join(chunks))
+                joins.confirm(place, b"".join(chunks))
         await send(message)
     return noted
 
