@@ -36,3 +36,20 @@ def test_token_sources_are_never_bare_strings_outside_their_enum():
             if isinstance(node, ast.Constant) and node.value in sources and id(node) not in docstrings | in_fstrings:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     assert not found, "token sources written as strings:\n" + "\n".join(found)
+
+
+DECODE_PATH = ("decode_loop.py", "drafters.py", "auto.py", "verifier.py", "run_state.py", "generator.py", "adapter.py",
+               "lean.py", "kv_cache.py", "partial_cache.py", "backend.py")
+MAX_ATTRIBUTES = 16  # issue 27: "no class with more than ~15 attributes in the decode path"
+
+
+def test_no_class_in_the_decode_path_holds_more_than_about_fifteen_attributes():
+    crowded = []
+    for name in DECODE_PATH:
+        tree = ast.parse((ROOT / "tokenswift" / name).read_text())
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            assigned = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)
+                        and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+            if len(assigned) > MAX_ATTRIBUTES:
+                crowded.append(f"{name}:{cls.name} {len(assigned)}: {', '.join(sorted(assigned))}")
+    assert not crowded, "\n".join(crowded)

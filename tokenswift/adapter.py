@@ -7,6 +7,7 @@ whatever the model was configured with). The adapter only knows where those piec
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from .attention import attend
 from .backend import Backend, current as current_backend
 from .lean import LeanModel, eligible
+from .model_shape import ModelShape
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -37,6 +39,15 @@ def module_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class Devices:
+    """Where a model's parts sit (one device each, or one per decoder layer: accelerate's device_map)."""
+    layers: list[torch.device]
+    embed: torch.device
+    head: torch.device
+    norm: torch.device
+
+
 class ModelAdapter:
     """Forward passes of a supported HF causal LM over a `CacheLike` cache.
 
@@ -56,28 +67,32 @@ class ModelAdapter:
                 f"{', '.join(SUPPORTED_FAMILIES)} families (e.g. LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)"
             )
         self.model = model
-        self.config = config
-        self.family = family
-        self.inner = model.model
-        self.layers = list(self.inner.layers)
-        attn = self.layers[0].self_attn
-        self.head_dim: int = attn.head_dim
-        self.scaling: float = attn.scaling
-        self.num_heads: int = config.num_attention_heads
-        self.num_kv_heads: int = config.num_key_value_heads
-        self.hidden_size: int = config.hidden_size
-        self.vocab_size: int = config.vocab_size
+        self.layers = list(model.model.layers)
+        self.shape = ModelShape.of(model)
         self.windows = [self._window_of(i, layer) for i, layer in enumerate(self.layers)]
-        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        self.layer_devices = [module_device(layer) for layer in self.layers]
-        self.embed_device = module_device(self.inner.embed_tokens)
-        self.head_device = module_device(model.lm_head)
-        self.norm_device = module_device(self.inner.norm)
+        self._apply_rope = sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        self.devices = Devices([module_device(layer) for layer in self.layers], module_device(model.model.embed_tokens),
+                               module_device(model.lm_head), module_device(model.model.norm))
         # The lean step (fused, pre-transposed weights; no module calls) wherever the weights sit on one
         # device; accelerate-offloaded models go through their own modules. TOKENSWIFT_LEAN=0 turns it off.
         self.lean: LeanModel | None = None
         if self.backend.lean and eligible(model):
-            self.lean = LeanModel(model, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling, self.backend)
+            self.lean = LeanModel(model, self.shape, self.backend)
+
+    # ---- what the model is (read-only views of its config, shape and placement) --------------------------------
+    config = property(lambda self: self.model.config)
+    family = property(lambda self: self.model.config.model_type)
+    inner = property(lambda self: self.model.model)
+    num_heads = property(lambda self: self.shape.num_heads)
+    num_kv_heads = property(lambda self: self.shape.num_kv_heads)
+    head_dim = property(lambda self: self.shape.head_dim)
+    scaling = property(lambda self: self.shape.scaling)
+    hidden_size = property(lambda self: self.shape.hidden_size)
+    vocab_size = property(lambda self: self.shape.vocab_size)
+    layer_devices = property(lambda self: self.devices.layers)
+    embed_device = property(lambda self: self.devices.embed)
+    head_device = property(lambda self: self.devices.head)
+    norm_device = property(lambda self: self.devices.norm)
 
     @property
     def num_layers(self) -> int:
@@ -192,6 +207,7 @@ class ModelAdapter:
         if w.device.type != "cpu" or w.dtype not in (torch.bfloat16, torch.float16) or self.model.lm_head.bias is not None:
             return None
         key = (w.data_ptr(), w._version, w.dtype)
-        if getattr(self, "_float_head_key", None) != key:
-            self._float_head, self._float_head_key = w.detach().float(), key
-        return self._float_head
+        kept = getattr(self, "_float_head", None)  # (key, copy)
+        if kept is None or kept[0] != key:
+            kept = self._float_head = (key, w.detach().float())
+        return kept[1]

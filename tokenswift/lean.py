@@ -35,6 +35,7 @@ from torch import nn
 from .attention import attend
 from .backend import Backend
 from .kv_cache import KVCache
+from .model_shape import ModelShape
 from .native import layers as native_layers, panels as native_panels
 
 DRAFT_VOCAB = 1024  # token ids the heads rank when drafting on a CPU (see LeanModel.draft_head)
@@ -193,8 +194,7 @@ class RotaryTables:
 class LeanModel:
     """forward(ids, positions, cache, start, block_mask, capture_queries) with the adapter's contract."""
 
-    def __init__(self, model: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float,
-                 backend: Backend) -> None:
+    def __init__(self, model: nn.Module, shape: ModelShape, backend: Backend) -> None:
         self.backend = backend
         inner = model.model
         device = next(model.parameters()).device
@@ -202,8 +202,7 @@ class LeanModel:
         self.model_dtype = inner.embed_tokens.weight.dtype
         on_cpu = device.type == "cpu"
         self.compute_dtype = torch.float32 if on_cpu else self.model_dtype
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scaling = num_heads, num_kv_heads, head_dim, scaling
-        self.eps = float(getattr(model.config, "rms_norm_eps", 1e-6))
+        self.shape = shape
         self.dtypes: dict[str, str] = {}  # matrix name -> chosen dtype (for reports)
         cd = self.compute_dtype
         self.layers: list[LeanLayer] = []
@@ -230,7 +229,6 @@ class LeanModel:
         head_b = None if head.bias is None else head.bias.detach().float()
         self.head = Matrix(head.weight.detach(), head_b, cd, backend)
         self.drafting = DraftHead(head.weight.detach(), head_b, self.head, cd, on_cpu, backend)
-        self.intermediate = self.layers[0].down.in_features
         # True when the matrices run through the native panel kernel: a few verified rows then cost little more than one
         self.native_rows = all(m.panels is not None for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         params = getattr(model.config, "rope_parameters", None) or {}
@@ -243,6 +241,14 @@ class LeanModel:
         self.native_stack = native_layers.NativeStack.build(self) if native and backend.serves("attention") else None
         self.native_elementwise = native and device.type == "cpu" and self.compute_dtype == torch.float32
         self.native_silu = self.native_elementwise and all(native_layers.is_silu(layer.act) for layer in self.layers)
+
+    # ---- the shape (read by the native stack) ------------------------------------------------------------------
+    num_heads = property(lambda self: self.shape.num_heads)
+    num_kv_heads = property(lambda self: self.shape.num_kv_heads)
+    head_dim = property(lambda self: self.shape.head_dim)
+    scaling = property(lambda self: self.shape.scaling)
+    eps = property(lambda self: self.shape.eps)
+    intermediate = property(lambda self: self.shape.intermediate)
 
     # ---- the drafting vocabulary (DraftHead) --------------------------------------------------------------
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
@@ -279,7 +285,8 @@ class LeanModel:
         if block_mask is not None:
             block_mask = block_mask.to(dev)
         t = ids.shape[0]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        shape = self.shape
+        hq, hkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
         h = self.embed[ids].to(self.compute_dtype)  # (T, H)
         cos, sin = self.rope(pos)  # (T, 1, d)
         stack = self.native_stack
@@ -305,13 +312,13 @@ class LeanModel:
             cache.write(i, start, k, v)
             keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
             extra = window_mask(i, pos) if window_mask is not None else None
-            o = attend(q.to(keys.dtype), keys, values, self.scaling, block_mask, extra, native)  # (Hq, T, d)
+            o = attend(q.to(keys.dtype), keys, values, shape.scaling, block_mask, extra, native)  # (Hq, T, d)
             h = h + layer.o(o.transpose(0, 1).reshape(t, hq * d).to(h.dtype))
             x = self.norm_rows(h, layer.post_norm)
             gate_up = layer.gate_up(x)
             act = native_layers.silu_mul(gate_up) if self.native_silu else None
             if act is None:
-                gate, up = gate_up.split(self.intermediate, dim=-1)
+                gate, up = gate_up.split(shape.intermediate, dim=-1)
                 act = layer.act(gate) * up
             h = h + layer.down(act)
             if capture_queries:
@@ -321,10 +328,10 @@ class LeanModel:
     def norm_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMS norm of each row (the native function where the library is available, see __init__)."""
         if self.native_elementwise:
-            y = native_layers.rms_norm(x, weight, self.eps)
+            y = native_layers.rms_norm(x, weight, self.shape.eps)
             if y is not None:
                 return y
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.shape.eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
