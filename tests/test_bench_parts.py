@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenswift import auto, verifier
+from tokenswift import verifier
+from tokenswift.auto import AutoDrafter
 from tokenswift.adapter import ModelAdapter
 from tokenswift.bench import cli as bench
 from tokenswift.bench.parts import PARTS, parts
@@ -28,7 +29,7 @@ def text(tmp_path):
 
 
 def test_parts_times_each_kind_of_iteration_and_restores_the_engine(text, capsys):
-    originals = (ModelAdapter.forward, auto.AutoDrafter.propose, verifier.verification_inputs, decide.walk_tree)
+    originals = (ModelAdapter.forward, AutoDrafter.propose, verifier.verification_inputs, decide.walk_tree)
     threads = torch.get_num_threads()
     result = parts(MODEL, "greedy", context=64, tokens=60, repeats=1, text_path=text)
     assert result["context"] == 64
@@ -48,7 +49,7 @@ def test_parts_times_each_kind_of_iteration_and_restores_the_engine(text, capsys
         assert d.get("walk", {"share": 0})["share"] + d.get("decide", {"share": 0})["share"] >= 1.0
     assert 1.0 <= result["auto_tokens_per_iteration"] <= 1 + 12
     assert result["settings"]["tree"] == "auto"
-    assert (ModelAdapter.forward, auto.AutoDrafter.propose, verifier.verification_inputs, decide.walk_tree) == originals
+    assert (ModelAdapter.forward, AutoDrafter.propose, verifier.verification_inputs, decide.walk_tree) == originals
     assert set(PARTS) >= {"forward", "logits", "draft", "inputs", "walk", "decide"}
     assert torch.get_num_threads() == threads
 

@@ -205,11 +205,14 @@ def wait_status(pg, pattern: str, timeout: int = 120_000) -> str:
 
 def step_once(pg, iteration: int | None = None) -> int:
     """Press Step and wait for its answer; returns the iteration it ran (checked against `iteration` if given)."""
-    before = status_text(pg)
+    was = re.search(r"iteration (\d+) done", status_text(pg))  # the status may still show the previous Step's
     pg.click("#step-btn")
-    pg.wait_for_function("(old) => { const s = (" + STATUS_JS + ")(); "
-                         "return s !== old && /iteration \\d+ done|rror/.test(s); }", arg=before, timeout=120_000)
-    done = int(re.search(r"iteration (\d+) done", status_text(pg)).group(1))
+    pg.wait_for_function("(old) => { const s = (" + STATUS_JS + ")(); const m = s.match(/iteration (\\d+) done/); "
+                         "return (m && m[1] !== old) || /rror/.test(s); }", arg=was.group(1) if was else "",
+                         timeout=120_000)
+    found = re.search(r"iteration (\d+) done", status_text(pg))
+    assert found is not None, status_text(pg)
+    done = int(found.group(1))
     assert iteration is None or done == iteration, status_text(pg)
     pg.wait_for_function(f"() => (document.querySelector('#step-caption') || {{innerText: ''}}).innerText"
                          f".includes('Iteration {done} ')", timeout=30_000)
@@ -360,6 +363,10 @@ def test_load_restores_every_control_and_says_it_is_a_replay(page, tmp_path):
     expect(page.get_by_label("Greedy (temperature 0)")).not_to_be_checked()
     assert float(control_value(page, "temperature")) == pytest.approx(0.7)
     assert control_value(page, "seed") == "5"
+    page.wait_for_timeout(1000)
+    for elem_id in ("temperature", "seed"):  # sampled: neither is ignored (a stale note once said so)
+        assert "ignored" not in page.locator(f"#{elem_id}").inner_text(), elem_id
+        assert page.locator(f"#{elem_id} input").first.is_enabled(), elem_id
     assert "a replay of a saved run" in page.locator("#provenance").inner_text()
     assert "120 / 120 tokens" in page.locator("#ts-stats").inner_text()
 

@@ -201,7 +201,7 @@ def _grey_out(c: dict) -> Callable:
         out = []
         for name, note in NOTES.items():
             why = ignored.get(name)
-            out.append(gr.update(interactive=why is None, info=why or note,
+            out.append(gr.update(interactive=why is None, info=why or note or "",  # "" clears a note (None keeps it)
                                  elem_classes=["ignored"] if why else []))
         return out
     return update
