@@ -26,7 +26,7 @@ def test_an_untrained_probe_is_the_models_own_head(gen):
     ids = gen.encode("It was a fine morning, and Emma walked to Hartfield with her father.")
     hidden, picks = hidden_states(gen, ids, window=8)  # two windows: each starts from an empty cache
     assert hidden.shape == (len(ids), lean.embed.shape[1]) and picks.shape == (len(ids),)
-    head = BonusHead(lean.embed.float(), lean.norm.float(), lean.eps)
+    head = BonusHead(lean.embed.float(), lean.norm.float(), lean.shape.eps)
     follow = torch.tensor(ids[1:] + ids[:1])[:, None].repeat(1, 2)
     with torch.no_grad():
         for logits in head(hidden, follow):

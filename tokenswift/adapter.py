@@ -142,8 +142,10 @@ class ModelAdapter:
         cos, sin = self.inner.rotary_emb(h, pos[None])  # (1, T, d) each
         per_device: dict[torch.device, tuple] = {}
         queries: list[torch.Tensor] = []
+        hq, hkv, d = self.shape.num_heads, self.shape.num_kv_heads, self.shape.head_dim
+        native = self.backend.serves("attention")
         for i, layer in enumerate(self.layers):
-            device = self.layer_devices[i]
+            device = self.devices.layers[i]
             if device not in per_device:
                 mask = None if block_mask is None else block_mask.to(device)
                 per_device[device] = (cos.to(device), sin.to(device), mask, pos.to(device))
@@ -151,16 +153,15 @@ class ModelAdapter:
             h = h.to(device)
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, t, self.num_heads, self.head_dim).transpose(1, 2)  # (1, Hq, T, d)
-            k = attn.k_proj(x).view(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (1, Hkv, T, d)
-            v = attn.v_proj(x).view(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = attn.q_proj(x).view(1, t, hq, d).transpose(1, 2)  # (1, Hq, T, d)
+            k = attn.k_proj(x).view(1, t, hkv, d).transpose(1, 2)  # (1, Hkv, T, d)
+            v = attn.v_proj(x).view(1, t, hkv, d).transpose(1, 2)
             q, k = self._apply_rope(q, k, cos_d, sin_d)
             cache.write(i, start, k[0], v[0])
             keys, values = cache.keys(i, start + t)  # (Hkv, S, d)
             extra = self._window_mask(i, cache, start, pos_d)
-            o = attend(q[0].to(keys.dtype), keys, values, self.scaling, mask_d, extra,
-                       self.backend.serves("attention")).to(h.dtype)  # (Hq, T, d)
-            o = o.transpose(0, 1).reshape(1, t, self.num_heads * self.head_dim)
+            o = attend(q[0].to(keys.dtype), keys, values, self.shape.scaling, mask_d, extra, native).to(h.dtype)
+            o = o.transpose(0, 1).reshape(1, t, hq * d)
             h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if capture_queries:

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from .native import build, decide, layers, panels, rows_attention, switches
 from .native.switches import Switches
 
-# kernel family -> what it computes (the order of `describe`)
+# kernel family -> (does it serve, the kernel whose build.why_not says why not); what each computes:
 KERNELS = {
-    "panels": "few-row float32 matrix products (panel_mm.c)",
-    "bf16 panels": "bfloat16 weights widened in registers (panel_mm.c)",
-    "amx": "bfloat16 weights on AMX tiles (panel_amx.c)",
-    "layers": "norms, SiLU, the decoder stack, the heads and KV moves in one call (layer_rows.c)",
-    "attention": "few-row attention over the cache (attend_rows.c)",
-    "decide": "the penalty, sampling chain and decision of verified rows (decide_rows.c)",
-    "walk": "the exact walk over a verified tree (decide_rows.c)",
+    "panels": (panels.available, "panel_mm"),  # few-row float32 matrix products (panel_mm.c)
+    "bf16 panels": (panels.bf16_available, "panel_bf16"),  # bfloat16 weights widened in registers (panel_mm.c)
+    "amx": (panels.amx_available, "panel_amx"),  # bfloat16 weights on AMX tiles (panel_amx.c)
+    "layers": (layers.available, "layer_rows"),  # norms, SiLU, the decoder stack, the heads, KV moves (layer_rows.c)
+    "attention": (rows_attention.available, "attend_rows"),  # few-row attention over the cache (attend_rows.c)
+    "decide": (decide.available, "decide_rows"),  # penalty, sampling chain, decision of verified rows (decide_rows.c)
+    "walk": (decide.walk_available, "walk_tree"),  # the exact walk over a verified tree (decide_rows.c)
 }
 
 
@@ -54,21 +54,14 @@ def choose() -> Backend:
     """Probe every kernel family under this process's switches (the kernels read the same ones: the library is
     loaded once per process). A backend passed to a generator may serve less than this one, never more."""
     chosen = switches.current()
-    probes = {"panels": panels.available, "bf16 panels": panels.bf16_available, "amx": panels.amx_available,
-              "layers": layers.available, "attention": rows_attention.available, "decide": decide.available,
-              "walk": decide.walk_available}
     switched_off = {"amx": None if chosen.amx else f"{switches.AMX_ENV}=0",
                     "bf16 panels": None if chosen.bf16_panels else f"{switches.BF16_ENV}=0"}
     why = {}
-    for name, probe in probes.items():
-        why[name] = "" if probe() else (switched_off.get(name) or build.why_not(_UNIT[name]) or build.why_not("panel_mm")
-                                        or "not in this build")
+    for name, (serves, unit) in KERNELS.items():
+        why[name] = "" if serves() else (switched_off.get(name) or build.why_not(unit) or build.why_not("panel_mm")
+                                         or "not in this build")
     variant = build.loaded_variant()
     return Backend(chosen, why, variant.name if variant is not None else None, build.cpu_kind())
-
-
-_UNIT = {"panels": "panel_mm", "bf16 panels": "panel_bf16", "amx": "panel_amx", "layers": "layer_rows",
-         "attention": "attend_rows", "decide": "decide_rows", "walk": "walk_tree"}
 
 
 @functools.lru_cache(maxsize=1)

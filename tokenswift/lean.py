@@ -242,14 +242,6 @@ class LeanModel:
         self.native_elementwise = native and device.type == "cpu" and self.compute_dtype == torch.float32
         self.native_silu = self.native_elementwise and all(native_layers.is_silu(layer.act) for layer in self.layers)
 
-    # ---- the shape (read by the native stack) ------------------------------------------------------------------
-    num_heads = property(lambda self: self.shape.num_heads)
-    num_kv_heads = property(lambda self: self.shape.num_kv_heads)
-    head_dim = property(lambda self: self.shape.head_dim)
-    scaling = property(lambda self: self.shape.scaling)
-    eps = property(lambda self: self.shape.eps)
-    intermediate = property(lambda self: self.shape.intermediate)
-
     # ---- the drafting vocabulary (DraftHead) --------------------------------------------------------------
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
         self.drafting.set(ids)

@@ -85,7 +85,7 @@ def train_head(gen, ids: list[int], epochs: int, seed: int, log=None) -> tuple[B
     tokens = torch.tensor(ids)
     starts = torch.arange(len(ids) - DEPTHS)
     starts = starts[(starts % WINDOW) < WINDOW - DEPTHS]  # every depth's target inside the same window
-    head = BonusHead(lean.embed.float(), lean.norm.float(), lean.eps)
+    head = BonusHead(lean.embed.float(), lean.norm.float(), lean.shape.eps)
     steps = max(1, epochs * (len(starts) // BATCH))
     opt = torch.optim.AdamW(head.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(opt, LEARNING_RATE, total_steps=steps, pct_start=0.05)

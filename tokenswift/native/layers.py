@@ -183,8 +183,9 @@ class NativeStack:
                                             None if bias is None else bias.data_ptr(),
                                             (_INT * 4)(*[m.kind for m in matrices]))
         self.num_layers = len(layers)
-        self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, lean.num_heads, lean.num_kv_heads, lean.head_dim
-        self.inter, self.eps, self.scale = lean.intermediate, lean.eps, float(lean.scaling)
+        shape = lean.shape
+        self.hidden, self.hq, self.hkv, self.d = layers[0].qkv.in_features, shape.num_heads, shape.num_kv_heads, shape.head_dim
+        self.inter, self.eps, self.scale = shape.intermediate, shape.eps, float(shape.scaling)
         self._scratch_size = lib.layer_rows_scratch
         self._local = threading.local()  # a scratch buffer per thread: generations may run in several threads
         self.parts = None  # a (c_double * 2): seconds in attention and in weight products are added to it (benchmarks)
@@ -208,7 +209,8 @@ class NativeStack:
             if (not is_silu(layer.act) or layer.o.bias is not None or layer.gate_up.bias is not None
                     or layer.down.bias is not None):
                 return None
-        if lean.head_dim not in (64, 128) or lean.num_heads % lean.num_kv_heads or lean.intermediate % 16:
+        shape = lean.shape
+        if shape.head_dim not in (64, 128) or shape.num_heads % shape.num_kv_heads or shape.intermediate % 16:
             return None
         if lean.layers[0].qkv.in_features % 16:
             return None
