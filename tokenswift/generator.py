@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from . import events as ev
+from . import events as ev, gguf_blocks
 from .adapter import ModelAdapter
 from .backend import Backend
 from .codec import decode_ids, encode_text
@@ -89,9 +89,11 @@ class Generator:
         if device not in (None, "auto"):
             model = model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
+        local = _local_dir(path)
+        if next(model.parameters()).device.type == "cpu":
+            gguf_blocks.load_for(model, local)  # the GGUF blocks the weights came from: streamed in their place
         gen = cls(model, tokenizer)
         if heads or datastore:
-            local = _local_dir(path)
             if heads and read_head_tensors(local):
                 gen.set_heads(Heads.load(model, local))
             store = find_datastore(local) if datastore else None

@@ -34,6 +34,7 @@ from torch import nn
 
 from .attention import attend
 from .backend import Backend
+from .gguf_blocks import Blocks, attached as attached_blocks
 from .kv_cache import KVCache
 from .model_shape import ModelShape
 from .native import layers as native_layers, panels as native_panels
@@ -62,27 +63,33 @@ class Matrix:
     So `mm` up to 6 rows (AR, small trees) and oneDNN beyond (big trees; LM head at 8 rows 1,180 vs 677). float32 on CPU only; elsewhere
     (or without oneDNN) always `mm`."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, backend: Backend) -> None:
-        """weight: (out, in) as nn.Linear stores it."""
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, backend: Backend,
+                 blocks: Blocks | None = None) -> None:
+        """weight: (out, in) as nn.Linear stores it. blocks: the GGUF blocks the weight was converted from, if known
+        (tokenswift.gguf_blocks): streamed instead of the weight where they encode it exactly and a kernel serves."""
         self.bias = bias
         self.dtype = dtype
         self.out_features, self.in_features = weight.shape
         self.packed = self.panels = None
         use_dnn = backend.switches.lean_matmul == "auto"
         if use_dnn and dtype == torch.float32 and backend.serves("panels"):
-            self.panels = native_panels.PanelMatrix.build(weight, backend.serves("amx"), backend.serves("bf16 panels"))
-        amx = self.panels is not None and self.panels.kind == 1  # serves every row count: no other copy needed
-        if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu" and not amx:
+            if blocks is not None and backend.serves("q4 blocks") and weight.device.type == "cpu" and blocks.matches(weight):
+                self.panels = native_panels.PanelMatrix.from_blocks(blocks.groups(), *blocks.shape,
+                                                                    amx=backend.serves("amx q4 blocks"))
+            if self.panels is None:
+                self.panels = native_panels.PanelMatrix.build(weight, backend.serves("amx"), backend.serves("bf16 panels"))
+        any_rows = self.panels is not None and self.panels.any_rows  # serves every row count: no other copy needed
+        if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu" and not any_rows:
             self.packed = _dnn_pack(weight.to(dtype).contiguous(), 16)
-        # (in, out) for torch.mm: not needed where panels and oneDNN (or AMX alone) cover every row count
-        covered = amx or (self.panels is not None and self.packed is not None)
+        # (in, out) for torch.mm: not needed where panels and oneDNN (or AMX / blocks alone) cover every row count
+        covered = any_rows or (self.panels is not None and self.packed is not None)
         self.weight_t = None if covered else weight.t().to(dtype).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, in) -> (T, out) in x's dtype."""
-        # AMX tiles serve every row count (prefill chunks and big trees too: their rows then match AR's bitwise);
-        # float32 panels up to MAX_ROWS, oneDNN beyond
-        few = x.shape[0] <= native_panels.MAX_ROWS or (self.panels is not None and self.panels.kind == 1)
+        # AMX tiles and GGUF blocks serve every row count (prefill chunks and big trees too: their rows then match
+        # AR's bitwise); float32 panels up to MAX_ROWS, oneDNN beyond
+        few = x.shape[0] <= native_panels.MAX_ROWS or (self.panels is not None and self.panels.any_rows)
         if self.panels is not None and few and x.dtype == torch.float32:
             y = self.panels(x)
             return y if self.bias is None else y + self.bias
@@ -206,6 +213,12 @@ class LeanModel:
         self.dtypes: dict[str, str] = {}  # matrix name -> chosen dtype (for reports)
         cd = self.compute_dtype
         self.layers: list[LeanLayer] = []
+        by_name = attached_blocks(model)  # the GGUF blocks the weights were converted from, where known
+        by_tensor = {id(p): by_name[n] for n, p in model.named_parameters(remove_duplicate=False) if n in by_name}
+
+        def blocks(*weights: torch.Tensor) -> Blocks | None:
+            return Blocks.stack([by_tensor.get(id(w)) for w in weights]) if by_tensor else None
+
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
@@ -215,11 +228,12 @@ class LeanModel:
             gu_w = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
             self.layers.append(LeanLayer(
                 in_norm=layer.input_layernorm.weight.detach().to(cd),
-                qkv=self._matrix("qkv", qkv_w, qkv_b),
-                o=self._matrix("o", a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach().to(cd)),
+                qkv=self._matrix("qkv", qkv_w, qkv_b, blocks(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
+                o=self._matrix("o", a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach().to(cd),
+                               blocks(a.o_proj.weight)),
                 post_norm=layer.post_attention_layernorm.weight.detach().to(cd),
-                gate_up=self._matrix("gate_up", gu_w, None),
-                down=self._matrix("down", m.down_proj.weight.detach(), None),
+                gate_up=self._matrix("gate_up", gu_w, None, blocks(m.gate_proj.weight, m.up_proj.weight)),
+                down=self._matrix("down", m.down_proj.weight.detach(), None, blocks(m.down_proj.weight)),
                 act=m.act_fn,
             ))
         self.embed = inner.embed_tokens.weight.detach()
@@ -227,7 +241,7 @@ class LeanModel:
         head = model.lm_head
         # Logits stay float32 on CPU: bf16 logits tie too often for greedy decoding (resolution 1/16 near 10).
         head_b = None if head.bias is None else head.bias.detach().float()
-        self.head = Matrix(head.weight.detach(), head_b, cd, backend)
+        self.head = Matrix(head.weight.detach(), head_b, cd, backend, blocks(head.weight))
         self.drafting = DraftHead(head.weight.detach(), head_b, self.head, cd, on_cpu, backend)
         # True when the matrices run through the native panel kernel: a few verified rows then cost little more than one
         self.native_rows = all(m.panels is not None for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
@@ -258,12 +272,12 @@ class LeanModel:
     def draft_head(self) -> "Matrix":
         return self.drafting.matrix
 
-    def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
+    def _matrix(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, blocks: Blocks | None) -> Matrix:
         dtype = self.compute_dtype
         if self.device.type == "cpu" and self.backend.switches.lean_dtype == "model":
             dtype = self.model_dtype
         self.dtypes[name] = str(dtype).replace("torch.", "")
-        return Matrix(weight, bias, dtype, self.backend)
+        return Matrix(weight, bias, dtype, self.backend, blocks)
 
     # ---- the step ----------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -44,8 +44,8 @@ CACHE_ENV = "TOKENSWIFT_CACHE"
 # -ffp-contract=off: a product and a sum are rounded where the C says, never fused behind its back, so that every
 # variant computes what its intrinsics say and the element-wise functions what PyTorch's do.
 COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC")
-UNITS = ("panel_mm.c", "attend_rows.c", "layer_rows.c", "decide_rows.c")
-_AVX2 = ("-mavx2", "-mfma")
+UNITS = ("panel_mm.c", "panel_q4.c", "attend_rows.c", "layer_rows.c", "decide_rows.c")
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _AVX512 = _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")
 BUILD_TIMEOUT_S = 180
 HERE = Path(__file__).resolve().parent
@@ -62,11 +62,12 @@ class Variant:
 
 
 VARIANTS = {v.name: v for v in (  # the best first
-    Variant("amx", _AVX512 + ("-mamx-tile", "-mamx-bf16"),
-            frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "amx_tile", "amx_bf16"}),
+    Variant("amx", _AVX512 + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+            frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "amx_tile",
+                       "amx_bf16"}),
             UNITS + ("panel_amx.c",)),
-    Variant("avx512", _AVX512, frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), UNITS),
-    Variant("avx2", _AVX2, frozenset({"avx2", "fma"}), UNITS),
+    Variant("avx512", _AVX512, frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), UNITS),
+    Variant("avx2", _AVX2, frozenset({"avx2", "fma", "f16c"}), UNITS),
 )}
 
 _library: dict[str, object] = {}  # "lib": the loaded CDLL or None, "variant": its Variant, "why", "passed over"

@@ -34,7 +34,8 @@ typedef struct {
     const void *qkv, *o, *gate_up, *down;  /* (hq + 2 hkv) d x hidden, hidden x hq d, 2 inter x hidden, hidden x inter */
     const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
     int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm), 1 bfloat16 AMX tiles (panel_amx),
-                     2 bfloat16 panels widened in registers (panel_bf16) */
+                     2 bfloat16 panels widened in registers (panel_bf16), 3 GGUF Q4_1 groups (panel_q4),
+                     4 Q4_1 groups on AMX tiles (panel_q4_amx) */
 } layer_weights;
 
 /* One multi-token head in the TokenSwift (Medusa) layout (see heads_top in layer_rows.c). */
@@ -57,6 +58,16 @@ const char *panel_isa(void);
 int amx_ready(void);
 long panel_amx_scratch(int m, int k);
 int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
+
+/* panel_q4.c: the same for W held as GGUF Q4_1 blocks (q4_blocks.h), in every build; scratch of
+   panel_q4_scratch(m, k) bytes. q4_dequantize: W's values as the kernels rebuild them. */
+long panel_q4_scratch(int m, int k);
+int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
+int q4_dequantize(const uint8_t *w, int n, int k, float *out);
+
+/* panel_amx.c (HAVE_AMX builds): Q4_1 blocks on AMX tiles; scratch of panel_q4_amx_scratch(m, k) bytes. */
+long panel_q4_amx_scratch(int m, int k);
+int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
 
 /* attend_rows.c: attention of a few stacked query rows; scratch of attend_rows_scratch(rows, s) floats. */
 long attend_rows_scratch(int rows, int s);

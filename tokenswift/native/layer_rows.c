@@ -4,7 +4,7 @@
    (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
    2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
-   products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c or panel_bf16.c, as each matrix
+   products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c, panel_bf16.c or panel_q4.c, as each matrix
    is laid out, and attend_rows.c), so the step computes the same function. Both builds of panel_mm.c (AVX-512
    and AVX2) have the bfloat16 panels; AMX tiles only the library built with them (build.py's "amx" variant).
 
@@ -99,29 +99,32 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
     int code = KERNEL_NO_KIND;
 #if HAVE_AMX
     if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n, amx, amx_bytes);
-#else
-    (void)amx, (void)amx_bytes;
+    if (kind == 4) code = panel_q4_amx(x, (const uint8_t *)w, y, t, k, n, amx, amx_bytes);
 #endif
+    if (kind == 3) code = panel_q4(x, (const uint8_t *)w, y, t, k, n, amx, amx_bytes);
     if (kind == 2) code = panel_bf16(x, (const uint16_t *)w, y, t, k, n);  /* panel_mm.c: in every build */
     if (kind == 0) code = panel_mm(x, (const float *)w, y, t, k, n);
     if (parts) parts[1] += now() - t0;
     return code;
 }
 
-/* Bytes of AMX scratch the products of t rows with inputs of up to `widest` floats need (none off AMX builds). */
+/* Bytes of scratch the products of t rows with inputs of up to `widest` floats need (AMX tiles, GGUF blocks). */
 static long amx_scratch(int t, int widest) {
+    long bytes = panel_q4_scratch(t, widest);
 #if HAVE_AMX
-    return panel_amx_scratch(t, widest);
-#else
-    (void)t, (void)widest;
-    return 0;
+    long tiles = panel_amx_scratch(t, widest), q4_tiles = panel_q4_amx_scratch(t, widest);
+    if (tiles > bytes) bytes = tiles;
+    if (q4_tiles > bytes) bytes = q4_tiles;
 #endif
+    return bytes;
 }
 
 static long round16(long floats) { return (floats + 15) / 16 * 16; }
 
 /* Whether this library has a kernel for weights laid out as `kind`. */
-static int kind_served(int kind) { return kind == 0 || kind == 2 || (HAVE_AMX && kind == 1); }
+static int kind_served(int kind) {
+    return kind == 0 || kind == 2 || kind == 3 || (HAVE_AMX && (kind == 1 || kind == 4));
+}
 
 /* layer_rows's scratch for t rows over s keys, in floats: the rows' buffers, then the attention scores (from
    *scores_at), then the AMX split rows (from *amx_at). Returns the total. */

@@ -139,3 +139,107 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, 
     _tile_release();
     return 0;
 }
+
+/* ---- the same over GGUF Q4_1 blocks (q4_blocks.h) -------------------------------------------------------------
+   panel_q4_amx: y = x @ W^T with W held as Q4_1 groups, on AMX tiles. The weights take the A side of the tile
+   product (A's rows are W's rows, 32 inputs each: a group's row rebuilt to bfloat16 is one row of an A tile, no
+   transposition), and x's split rows the B side (16 input pairs by 16 split rows, scattered there as they are
+   split). So C holds 16 outputs by 15 split rows; y = (C.x1 + C.x2) + C.x3 as in panel_amx, and the products and
+   sums are panel_amx's (the tile multiplies the same pairs in the same order, whichever side holds which): the
+   results are bitwise panel_amx's over the blocks' bfloat16 values, which panels.py's self-check holds it to.
+   Per 32 outputs the strip of their groups is rebuilt once (two A tiles per 32 inputs); while the tiles multiply
+   one strip the vector units rebuild the next into a second buffer, and every pass of AMX_TOKENS tokens runs over
+   a strip. */
+#include "q4_blocks.h"
+
+#if !defined(__AVX512BF16__)
+#error "panel_q4_amx rebuilds bfloat16 with AVX-512 BF16 (every AMX CPU has it): build.py's amx variant"
+#endif
+
+/* Bytes of scratch for m rows of k: the B tiles of the split rows, and two strips of 32 outputs' A tiles. */
+long panel_q4_amx_scratch(int m, int k) {
+    if (m < 1 || k < 1) return 0;
+    return panel_amx_scratch(m, k) + 2 * 2L * k * 32;
+}
+
+/* x's rows (m <= AMX_TOKENS, k a multiple of 32) split as split_rows does, into B tiles [k / 32][16 pairs][16 split
+   rows] of input pairs: split row 3r + s of token r holds part s; the other split rows are zero. */
+static void split_to_tiles(const float *x, uint32_t *tiles, int m, int k) {
+    memset(tiles, 0, (size_t)k * 32);
+    const __m512i stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(16));
+    for (int r = 0; r < m; r++)
+        for (int kb = 0; kb < k / 32; kb++) {
+            __m512 lo = _mm512_loadu_ps(x + (size_t)r * k + kb * 32), hi = _mm512_loadu_ps(x + (size_t)r * k + kb * 32 + 16);
+            for (int s = 0; s < 3; s++) {
+                __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(top_half(lo)), top_half(hi), 1);
+                _mm512_i32scatter_epi32(tiles + (size_t)kb * 256 + 3 * r + s, stride, pairs, 4);
+                lo = rest_of(lo);
+                hi = rest_of(hi);
+            }
+        }
+}
+
+/* Rebuild the groups (nb, kb) and (nb + 1, kb) as bfloat16 A tiles into strip[h][kb], prefetching the groups of
+   the strip after the next. */
+static inline void rebuild_pair(const uint8_t *w, int k, int nb, int kb, int blocks_n, uint16_t *strip) {
+    const long kb_count = k / 32;
+    float d[16], m[16];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *group = q4_group(w, k, nb + h, kb);
+        if (nb + 4 < blocks_n)
+            for (long b = 0; b < Q4_GROUP_BYTES; b += 64)
+                _mm_prefetch((const char *)group + 4 * kb_count * Q4_GROUP_BYTES + b, _MM_HINT_T0);
+        q4_scales(group, d, m);
+        uint16_t *tile = strip + ((size_t)h * kb_count + kb) * 16 * 32;
+        for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(tile + i * 32), q4_row_bf16(group, d, m, i));
+    }
+}
+
+int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
+    if (k < 32 || k > AMX_MAX_K || k % 32 || n < 32 || n % 32 || m < 1) return KERNEL_BAD_ARGUMENTS;
+    if (scratch == NULL || scratch_bytes < panel_q4_amx_scratch(m, k)) return KERNEL_SMALL_SCRATCH;
+    if (amx_state != 1) return KERNEL_NO_TILES;
+    const int groups = (m + AMX_TOKENS - 1) / AMX_TOKENS, kb_count = k / 32, blocks_n = n / 16;
+    uint32_t *bt = (uint32_t *)scratch;  /* [g][kb][16 pairs][16 split rows] */
+    uint16_t *strips = (uint16_t *)((char *)scratch + panel_amx_scratch(m, k));  /* two of [2][kb][16 rows][32] */
+    const size_t strip_words = (size_t)2 * kb_count * 16 * 32;
+    for (int g = 0; g < groups; g++) {
+        int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
+        split_to_tiles(x + (size_t)g * AMX_TOKENS * k, bt + (size_t)g * 8 * k, rows, k);
+    }
+    float c[2][16 * 16] __attribute__((aligned(64)));
+    configure();
+    for (int kb = 0; kb < kb_count; kb++) rebuild_pair(w, k, 0, kb, blocks_n, strips);
+    for (int nb = 0; nb < blocks_n; nb += 2) {
+        const uint16_t *strip = strips + (size_t)((nb / 2) & 1) * strip_words;
+        uint16_t *next = strips + (size_t)((nb / 2 + 1) & 1) * strip_words;
+        int more = nb + 2 < blocks_n;
+        for (int g = 0; g < groups; g++) {
+            int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
+            const uint32_t *bg = bt + (size_t)g * 8 * k;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int kb = 0; kb < kb_count; kb++) {
+                _tile_loadd(2, bg + (size_t)kb * 256, 64);
+                _tile_loadd(3, strip + (size_t)kb * 512, 64);
+                _tile_loadd(4, strip + ((size_t)kb_count + kb) * 512, 64);
+                _tile_dpbf16ps(0, 3, 2);
+                _tile_dpbf16ps(1, 4, 2);
+                if (g == 0 && more) rebuild_pair(w, k, nb + 2, kb, blocks_n, next);
+            }
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            for (int r = 0; r < rows; r++)
+                for (int h = 0; h < 2; h++) {
+                    float *out = y + (size_t)(g * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
+                    for (int i = 0; i < 16; i++) {
+                        const float *ci = c[h] + i * 16 + 3 * r;
+                        out[i] = (ci[0] + ci[1]) + ci[2];
+                    }
+                }
+        }
+    }
+    _tile_release();
+    return 0;
+}

@@ -19,7 +19,7 @@ import threading
 import torch
 
 from . import build, switches
-from .switches import AMX_ENV, BF16_ENV
+from .switches import AMX_ENV, BF16_ENV, BLOCKS_ENV
 
 MAX_ROWS = 16  # beyond this (big trees, prefill chunks) oneDNN / MKL are as good or better
 AMX_MAX_K = 4096
@@ -49,17 +49,41 @@ def _bf16_function():
     return build.function("panel_bf16", _INT, _ARGS, _bf16_self_check, "float32 panels")
 
 
-_local = threading.local()  # per thread: the AMX kernel's split rows (grown to the most rows and columns asked)
+_Q4_ARGS = _ARGS + [_VOID, _LONG]  # x, blocks, y, m, k, n, scratch, its bytes
+
+
+def _q4_function():
+    """The kernel over GGUF Q4_1 blocks (panel_q4.c), or None (no native kernels, or TOKENSWIFT_BLOCKS=0)."""
+    if not switches.current().blocks:
+        return None
+    return build.function("panel_q4", _INT, _Q4_ARGS, _q4_self_check, "the bfloat16 weights the blocks encode")
+
+
+def _q4_amx_function():
+    """The kernel over GGUF Q4_1 blocks on AMX tiles (panel_amx.c), or None."""
+    if not switches.current().blocks or _amx_function() is None:
+        return None
+    return build.function("panel_q4_amx", _INT, _Q4_ARGS, _q4_amx_self_check, "panel_amx")
+
+
+_local = threading.local()  # per thread: the kernels' scratch (grown to the most rows and columns asked)
+_SCRATCH_SIZES = ("panel_amx_scratch", "panel_q4_scratch", "panel_q4_amx_scratch")
 
 
 def _amx_scratch(rows: int, k: int) -> tuple[int, int]:
-    """(address, bytes) of this thread's scratch for panel_amx over `rows` rows of `k` columns."""
+    """(address, bytes) of this thread's scratch for panel_amx, panel_q4 or panel_q4_amx over `rows` rows of `k`
+    columns."""
     have = getattr(_local, "amx", None)
     if have is None or rows > have[0] or k > have[1]:
         rows, k = max(rows, have[0] if have else 0), max(k, have[1] if have else 0)
         lib = build.library()
-        lib.panel_amx_scratch.restype, lib.panel_amx_scratch.argtypes = _LONG, [_INT, _INT]
-        buf = torch.empty(lib.panel_amx_scratch(rows, k), dtype=torch.uint8)
+        sizes = []
+        for name in _SCRATCH_SIZES:
+            if hasattr(lib, name):
+                size = lib[name]
+                size.restype, size.argtypes = _LONG, [_INT, _INT]
+                sizes.append(size(rows, k))
+        buf = torch.empty(max(sizes), dtype=torch.uint8)
         have = _local.amx = (rows, k, buf, buf.data_ptr(), buf.numel())
     return have[3], have[4]
 
@@ -76,6 +100,14 @@ def bf16_available() -> bool:
     return _bf16_function() is not None
 
 
+def q4_available() -> bool:
+    return _q4_function() is not None
+
+
+def q4_amx_available() -> bool:
+    return _q4_amx_function() is not None
+
+
 def why_unavailable() -> str:
     return "" if available() else build.why_not("panel_mm")
 
@@ -87,9 +119,10 @@ def isa() -> str | None:
 
 def describe() -> str:
     """The native kernel variant this process runs, as one line for a benchmark's conditions, e.g.
-    "native kernels: amx build (this CPU's best: -mavx2 ... -mamx-bf16), AMX on, bf16 panels on". AMX tiles serve
-    the bfloat16-exact matrices they fit; bf16 panels the other bfloat16-exact ones (all of them where AMX is
-    off); float32 panels the rest."""
+    "native kernels: amx build (this CPU's best: -mavx2 ... -mamx-bf16), AMX on, bf16 panels on, Q4_1 blocks on (on
+    AMX tiles)". AMX tiles serve the bfloat16-exact matrices they fit; bf16 panels the other bfloat16-exact ones
+    (all of them where AMX is off); Q4_1 blocks the matrices of a model converted from them (tokenswift.gguf_blocks);
+    float32 panels the rest."""
     if not available():
         return f"native kernels: none ({why_unavailable()})"
     chosen = build.loaded_variant()
@@ -106,7 +139,9 @@ def describe() -> str:
     chosen_switches = switches.current()
     return (f"native kernels: {chosen.name} build ({how}{passed}), "
             f"AMX {state(amx_available(), chosen_switches.amx, AMX_ENV, no_amx)}, "
-            f"bf16 panels {state(bf16_available(), chosen_switches.bf16_panels, BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}")
+            f"bf16 panels {state(bf16_available(), chosen_switches.bf16_panels, BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}, "
+            f"Q4_1 blocks {state(q4_available(), chosen_switches.blocks, BLOCKS_ENV, build.why_not('panel_q4') or 'unavailable')}"
+            + (" (on AMX tiles)" if q4_amx_available() else ""))
 
 
 class PanelMatrix:
@@ -115,7 +150,8 @@ class PanelMatrix:
     kind 0: N / 32 float32 panels of (K, 32) for panel_mm.c. kind 1: bfloat16 B tiles for panel_amx.c, where
     W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes). kind 2: the
     panels of kind 0 in bfloat16 for panel_bf16.c, where W is exactly bfloat16 and AMX does not serve it (bitwise
-    kind 0's products, from half the bytes)."""
+    kind 0's products, from half the bytes). Kind 3: W as the GGUF Q4_1 blocks it was converted from
+    (`from_blocks`), for panel_q4.c; kind 4 the same on AMX tiles (panel_q4_amx, bitwise kind 1's products)."""
 
     WIDTH = 32
 
@@ -148,12 +184,35 @@ class PanelMatrix:
         exact = (amx_fits or (bf16 and _bf16_function() is not None)) and _exactly_bfloat16(weight)
         return cls(weight, amx=amx_fits and exact, bf16=exact and not amx_fits)
 
+    @classmethod
+    def from_blocks(cls, groups: torch.Tensor, n: int, k: int, amx: bool = True, kernel=None) -> "PanelMatrix | None":
+        """W (n, k) from its GGUF Q4_1 blocks in the kernels' layout (`tokenswift.gguf_blocks.Blocks.groups()`;
+        blocks already matched to the weight bit for bit): on AMX tiles where they serve and fit (amx: the
+        backend's choice), else panel_q4; None where neither serves the shape. kernel: the C function to use (a
+        self-check passes the one under test, amx saying which it is)."""
+        if k % 32 or n % 16:
+            return None
+        tiles = amx and n % 32 == 0 and k <= AMX_MAX_K and (kernel is not None or _q4_amx_function() is not None)
+        kernel = kernel or (_q4_amx_function() if tiles else _q4_function())
+        if kernel is None:
+            return None
+        m = cls.__new__(cls)
+        m.out_features, m.in_features = n, k
+        m.kind = 4 if tiles else 3
+        m._kernel, m.panels = kernel, groups.contiguous()
+        return m
+
+    @property
+    def any_rows(self) -> bool:
+        """Whether the kernel serves any number of rows (AMX tiles, GGUF blocks), not only up to MAX_ROWS."""
+        return self.kind != 0 and self.kind != 2
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, K) float32 on CPU -> (T, N) float32; T <= MAX_ROWS for float32 panels, any T on AMX tiles."""
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
-        if self.kind == 1:
+        if self.kind in (1, 3, 4):
             code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
                                 self.out_features, *_amx_scratch(t, self.in_features))
         else:
@@ -202,6 +261,54 @@ def _bf16_self_check(kernel) -> bool:
     x = torch.randn(MAX_ROWS, 200, generator=gen)
     wide, narrow = PanelMatrix(w), PanelMatrix(w, bf16=True, kernel=kernel)
     return all(torch.equal(narrow(x[:rows]), wide(x[:rows])) for rows in range(1, MAX_ROWS + 1))
+
+
+def _random_blocks(gen: torch.Generator, n: int, k: int):
+    """Q4_1 blocks of a random (n, k) weight: float16 d and m of a model's size, random codes."""
+    from ..gguf_blocks import BLOCK_BYTES, Blocks
+
+    raw = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES), dtype=torch.uint8, generator=gen)
+    raw[..., :4] = (torch.rand(n, k // 32, 2, generator=gen) * 0.02 - 0.01).half().view(torch.uint8)  # d, m
+    return Blocks(raw)
+
+
+def _q4_product_check(kernel, tiles: bool, reference) -> bool:
+    """The kernel's products of 1-16 rows are reference(values, x, got) over the bfloat16 values the blocks encode
+    (`tokenswift.gguf_blocks.Blocks.values`), and a row of a many-row product is bitwise the one-row product."""
+    gen = torch.Generator().manual_seed(0)
+    blocks = _random_blocks(gen, 64, 96)
+    values = blocks.values().float()
+    m = PanelMatrix.from_blocks(blocks.groups(), 64, 96, amx=tiles, kernel=kernel)
+    x = torch.randn(MAX_ROWS, 96, generator=gen)
+    if not all(reference(values, x[:rows], m(x[:rows])) for rows in range(1, MAX_ROWS + 1)):
+        return False
+    one = m(x[:1])
+    return bool(torch.equal(one[0], m(x[:8])[0]) and torch.equal(m(x[5:6])[0], m(x[:13])[5]))
+
+
+def _q4_self_check(kernel) -> bool:
+    """The values rebuilt in registers are bitwise what `Blocks.values` computes (gguf's dequantization rounded to
+    bfloat16), and the products agree with float64 ones over them to float32 rounding, row by row."""
+    dequantize = build.library().q4_dequantize
+    dequantize.restype, dequantize.argtypes = _INT, [_VOID, _INT, _INT, _VOID]
+    blocks, out = _random_blocks(torch.Generator().manual_seed(1), 48, 160), torch.empty(48, 160)
+    groups = blocks.groups()  # alive through the call
+    if dequantize(groups.data_ptr(), 48, 160, out.data_ptr()) or not torch.equal(out, blocks.values().float()):
+        return False
+
+    def close(values, x, got):
+        return torch.allclose(got.double(), x.double() @ values.double().t(), rtol=1e-5, atol=1e-4)
+    return _q4_product_check(kernel, False, close)
+
+
+def _q4_amx_self_check(kernel) -> bool:
+    """Bitwise panel_amx's products over the bfloat16 values the blocks encode, for every row count."""
+    if _amx_function() is None:
+        return False
+
+    def same(values, x, got):
+        return torch.equal(got, PanelMatrix(values, amx=True)(x))
+    return _q4_product_check(kernel, True, same)
 
 
 def _self_check(kernel) -> bool:
