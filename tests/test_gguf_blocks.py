@@ -10,22 +10,31 @@ from tokenswift import gguf_blocks
 from tokenswift.gguf_blocks import Blocks
 
 
-def quantized(rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, Blocks]:
-    """A random (rows, cols) float32 matrix quantized to Q4_1 by gguf's own quantizer, as raw blocks."""
+def quantized(rows: int, cols: int, seed: int = 0, fmt: str = "q4_1") -> tuple[np.ndarray, Blocks]:
+    """A random (rows, cols) float32 matrix quantized by gguf's own quantizer, as raw blocks."""
     import gguf
 
     data = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.1).astype(np.float32)
-    raw = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q4_1)
-    return raw, Blocks(torch.from_numpy(raw.copy()).reshape(rows, cols // 32, gguf_blocks.BLOCK_BYTES))
+    raw = gguf.quants.quantize(data, gguf.GGMLQuantizationType[fmt.upper()])
+    return raw, Blocks(torch.from_numpy(raw.copy()).reshape(rows, cols // 32, gguf_blocks.BLOCK_BYTES[fmt]), fmt)
 
 
-def test_values_are_ggufs_dequantization_rounded_to_bfloat16():
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_values_are_ggufs_dequantization_rounded_to_bfloat16(fmt):
     import gguf
 
-    raw, blocks = quantized(48, 96)
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1)).to(torch.bfloat16)
+    raw, blocks = quantized(48, 96, fmt=fmt)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[fmt.upper()])).to(torch.bfloat16)
     assert blocks.shape == (48, 96)
     assert torch.equal(blocks.values().view(torch.int16), expected.view(torch.int16))
+
+
+def test_q8_groups_hold_sixteen_rows_scales_then_their_int8_codes():
+    _, blocks = quantized(16, 64, fmt="q8_0")
+    groups = blocks.groups().reshape(2, 16 * 34)  # [inputs / 32][bytes]
+    for kb in range(2):
+        assert torch.equal(groups[kb, :32].view(torch.float16), blocks.raw[:, kb, :2].contiguous().view(torch.float16).reshape(16))
+        assert torch.equal(groups[kb, 32:].reshape(16, 32), blocks.raw[:, kb, 2:])
 
 
 def test_matches_only_the_weight_the_blocks_encode():
@@ -40,7 +49,7 @@ def test_matches_only_the_weight_the_blocks_encode():
 
 
 def test_groups_hold_sixteen_rows_scales_then_codes_in_shifted_word_order():
-    """quant_blocks layout: per (16 rows, 32 inputs): 16 d, 16 m, then per row 8 words, word j holding the codes of
+    """q4_blocks.h layout: per (16 rows, 32 inputs): 16 d, 16 m, then per row 8 words, word j holding the codes of
     inputs j, j + 8, j + 16, j + 24 from its low bits up."""
     _, blocks = quantized(32, 64, seed=1)
     flat = blocks.groups()
@@ -65,15 +74,20 @@ def test_stack_puts_weights_one_above_the_other_or_declines():
     both = Blocks.stack([a, b])
     assert both.shape == (48, 64) and torch.equal(both.values(), torch.cat([a.values(), b.values()]))
     _, other_width = quantized(16, 96)
+    _, other_format = quantized(16, 64, fmt="q8_0")
     assert Blocks.stack([a, other_width]) is None and Blocks.stack([a, None]) is None
+    assert Blocks.stack([a, other_format]) is None
 
 
 def test_save_and_load_keep_every_block(tmp_path):
     _, a = quantized(16, 64)
+    _, e = quantized(32, 64, fmt="q8_0")
     path = tmp_path / gguf_blocks.FILE_NAME
-    gguf_blocks.save({"model.layers.0.mlp.up_proj.weight": a}, path)
+    gguf_blocks.save({"model.layers.0.mlp.up_proj.weight": a, "model.embed_tokens.weight": e}, path)
     loaded = gguf_blocks.load(path)
-    assert list(loaded) == ["model.layers.0.mlp.up_proj.weight"]
+    assert sorted(loaded) == ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"]
+    assert loaded["model.embed_tokens.weight"].format == "q8_0" and torch.equal(loaded["model.embed_tokens.weight"].raw, e.raw)
+    assert loaded["model.layers.0.mlp.up_proj.weight"].format == "q4_1"
     assert torch.equal(loaded["model.layers.0.mlp.up_proj.weight"].raw, a.raw)
 
 
@@ -98,5 +112,5 @@ def test_unpermuting_rows_undoes_llama_cpps_rotary_order(heads):
     rows = heads * 8
     hf = torch.arange(rows)
     llama_cpp = hf.reshape(heads, 2, rows // heads // 2).transpose(1, 2).reshape(rows)  # the converter's permute
-    raw = llama_cpp[:, None, None].expand(rows, 1, 20).to(torch.uint8)
+    raw = llama_cpp[:, None, None].expand(rows, 1, 20).to(torch.uint8)  # a block of 20 bytes holding its row's number
     assert torch.equal(gguf_blocks._unpermute_rows(raw, heads)[:, 0, 0], hf.to(torch.uint8))

@@ -22,6 +22,7 @@ KERNELS = {
     "amx": (panels.amx_available, "panel_amx"),  # bfloat16 weights on AMX tiles (panel_amx.c)
     "q4 blocks": (panels.q4_available, "panel_q4"),  # weights as the GGUF Q4_1 blocks they came from (panel_q4.c)
     "amx q4 blocks": (panels.q4_amx_available, "panel_q4_amx"),  # GGUF Q4_1 blocks on AMX tiles (panel_amx.c)
+    "amx q8 blocks": (panels.q8_amx_available, "panel_q8_amx"),  # GGUF Q8_0 blocks on AMX tiles (panel_amx.c)
     "layers": (layers.available, "layer_rows"),  # norms, SiLU, the decoder stack, the heads, KV moves (layer_rows.c)
     "attention": (rows_attention.available, "attend_rows"),  # few-row attention over the cache (attend_rows.c)
     "decide": (decide.available, "decide_rows"),  # penalty, sampling chain, decision of verified rows (decide_rows.c)
@@ -61,6 +62,7 @@ def choose() -> Backend:
                     "q4 blocks": None if chosen.blocks else f"{switches.BLOCKS_ENV}=0",
                     "amx q4 blocks": None if chosen.blocks and chosen.amx else
                     f"{switches.BLOCKS_ENV if not chosen.blocks else switches.AMX_ENV}=0"}
+    switched_off["amx q8 blocks"] = switched_off["amx q4 blocks"]
     why = {}
     for name, (serves, unit) in KERNELS.items():
         why[name] = "" if serves() else (switched_off.get(name) or build.why_not(unit) or build.why_not("panel_mm")

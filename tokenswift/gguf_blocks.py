@@ -1,18 +1,20 @@
-"""A model's weights as the GGUF Q4_1 blocks they were converted from, kept beside its Hugging Face folder, so that
-the native panel kernels can stream the blocks instead of the bfloat16 weights (`tokenswift/native/q4_blocks.h`).
+"""A model's weights as the GGUF blocks they were converted from, kept beside its Hugging Face folder, so that the
+native panel kernels can stream the blocks instead of the bfloat16 weights (`tokenswift/native/q4_blocks.h`,
+`panel_amx.c`).
 
-Why: the built-in SmolLM2-135M comes from a GGUF file whose decoder layers are Q4_1, and its converted bfloat16
-weights are, bit for bit, roundings of those blocks: bf16(d * q + m). A decode step on a CPU is bound by the bytes
-it streams: the layers take 63 MB of blocks against 212 MB of bfloat16 per token. (Its Q8_0 embedding, the LM
-head, is not kept: rebuilding it cost as much as streaming its bfloat16, docs/performance.md.)
+Why: the built-in SmolLM2-135M comes from a GGUF file (Q4_1 decoder layers, a Q8_0 embedding that is also its LM
+head) and its converted bfloat16 weights are, bit for bit, roundings of those blocks: bf16(d * q + m) and
+bf16(d * q). A decode step on a CPU is bound by the bytes it streams: 63 + 30 MB of blocks against 212 + 57 MB of
+bfloat16 per token.
 
 Nothing here changes what a model computes: `Blocks.matches(weight)` rebuilds the values and compares them with
 the weight bit for bit, and a kernel is only given blocks that match (`tokenswift.lean`). The file is
-`quantized.safetensors`: one uint8 tensor of raw GGUF blocks per weight, (rows, k / 32, 20), named as the model
-names the weight; `python -m tokenswift fetch` writes it.
+`quantized.safetensors`: one uint8 tensor of raw GGUF blocks per weight, (rows, k / 32, block bytes), named as the
+model names the weight, the formats in its metadata; `python -m tokenswift fetch` writes it.
 """
 from __future__ import annotations
 
+import json
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,9 @@ import torch
 
 FILE_NAME = "quantized.safetensors"
 BLOCK = 32  # weights per block (one row's 32 consecutive inputs)
-BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of 4-bit codes (input j in byte j's low bits, j + 16 in its high)
+# Q4_1: float16 d, float16 m, 16 bytes of 4-bit codes (input j in byte j's low bits, j + 16 in its high);
+# Q8_0: float16 d, 32 int8
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
 GROUP_ROWS = 16  # rows of a kernel group (q4_blocks.h)
 
 # GGUF (llama.cpp) tensor names -> the Hugging Face Llama names they hold
@@ -33,9 +37,10 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head"}
 
 @dataclass(frozen=True)
 class Blocks:
-    """One weight (rows, k) as raw GGUF Q4_1 blocks: `raw` (rows, k / 32, 20) uint8."""
+    """One weight (rows, k) as raw GGUF blocks: `raw` (rows, k / 32, BLOCK_BYTES[format]) uint8."""
 
     raw: torch.Tensor
+    format: str = "q4_1"  # or "q8_0"
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -46,12 +51,15 @@ class Blocks:
         to bfloat16 as a conversion to bfloat16 rounds."""
         rows, blocks, _ = self.raw.shape
         d = self.raw[..., :2].contiguous().view(torch.float16).float()  # (rows, blocks, 1)
-        m = self.raw[..., 2:4].contiguous().view(torch.float16).float()
-        values = d * self.codes().float() + m
+        if self.format == "q8_0":
+            values = self.raw[..., 2:].contiguous().view(torch.int8).float() * d
+        else:
+            m = self.raw[..., 2:4].contiguous().view(torch.float16).float()
+            values = d * self.codes().float() + m
         return values.reshape(rows, blocks * BLOCK).to(torch.bfloat16)
 
     def codes(self) -> torch.Tensor:
-        """(rows, k / 32, 32) uint8: input i's 4-bit code (byte i % 16, low bits for i < 16, high bits after)."""
+        """Q4_1: (rows, k / 32, 32) uint8, input i's 4-bit code (byte i % 16, low bits for i < 16, high bits after)."""
         codes = self.raw[..., 4:]
         return torch.cat([codes & 15, codes >> 4], dim=-1)
 
@@ -67,15 +75,19 @@ class Blocks:
             w = wf.to(torch.bfloat16)
         return torch.equal(self.values().view(torch.int16), w.view(torch.int16))
 
-    def groups(self) -> torch.Tensor:
-        """The kernels' layout (quant_blocks.h): groups of 16 rows x 32 inputs in the order [rows / 16][k / 32], each
-        the 16 rows' d (then m), then their codes (Q4_1 codes reordered as quant_blocks.h says); flat uint8."""
+    def groups(self) -> torch.Tensor | None:
+        """The kernels' layout (q4_blocks.h, panel_amx.c): groups of 16 rows x 32 inputs in the order
+        [rows / 16][k / 32], each the 16 rows' d (then m), then their codes (Q4_1 codes reordered as q4_blocks.h
+        says); flat uint8. None where the rows are not a multiple of 16 (no kernel takes them)."""
         rows, blocks, _ = self.raw.shape
         if rows % GROUP_ROWS:
-            raise ValueError(f"{rows} rows is not a multiple of {GROUP_ROWS}")
+            return None
 
         def grouped(t: torch.Tensor) -> torch.Tensor:  # (rows, k/32, b) -> (n/16, k/32, 16 * b): a group's 16 rows
-            return t.reshape(rows // GROUP_ROWS, GROUP_ROWS, blocks, -1).transpose(1, 2).reshape(rows // GROUP_ROWS, blocks, -1)
+            per_group = t.reshape(rows // GROUP_ROWS, GROUP_ROWS, blocks, -1).transpose(1, 2)
+            return per_group.reshape(rows // GROUP_ROWS, blocks, -1)
+        if self.format == "q8_0":
+            return torch.cat([grouped(self.raw[..., :2]), grouped(self.raw[..., 2:])], dim=-1).contiguous().reshape(-1)
         quarter = self.codes().reshape(rows, blocks, 4, 8)  # [input // 8][input % 8]
         low, high = quarter[..., 0::2, :], quarter[..., 1::2, :]  # inputs j, j + 16 / j + 8, j + 24
         words = (low | (high << 4)).transpose(-1, -2).reshape(rows, blocks, 16)  # word j: bytes 2j, 2j + 1
@@ -84,10 +96,12 @@ class Blocks:
 
     @staticmethod
     def stack(parts: "list[Blocks]") -> "Blocks | None":
-        """Blocks of the weights one above the other (q, k and v as one matrix), or None where one has none."""
-        if not parts or any(p is None or p.raw.shape[1:] != parts[0].raw.shape[1:] for p in parts):
+        """Blocks of the weights one above the other (q, k and v as one matrix), or None where one has none or
+        their formats differ."""
+        if not parts or any(p is None or p.format != parts[0].format or p.raw.shape[1:] != parts[0].raw.shape[1:]
+                            for p in parts):
             return None
-        return Blocks(torch.cat([p.raw for p in parts]))
+        return Blocks(torch.cat([p.raw for p in parts]), parts[0].format)
 
 
 # ---- attached to a loaded model ------------------------------------------------------------------------------------
@@ -117,36 +131,37 @@ def load_for(model: torch.nn.Module, folder: Path) -> int:
 def save(blocks: dict[str, Blocks], path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({name: b.raw.contiguous() for name, b in blocks.items()}, str(path), metadata={"format": "q4_1"})
+    save_file({name: b.raw.contiguous() for name, b in blocks.items()}, str(path),
+              metadata={"formats": json.dumps({name: b.format for name, b in blocks.items()})})
 
 
 def load(path: Path) -> dict[str, Blocks]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        if (f.metadata() or {}).get("format") != "q4_1":
-            return {}
-        return {name: Blocks(f.get_tensor(name)) for name in f.keys()}
+        formats = json.loads((f.metadata() or {}).get("formats", "{}"))
+        return {name: Blocks(f.get_tensor(name), formats[name])
+                for name in f.keys() if formats.get(name) in BLOCK_BYTES}
 
 
 # ---- from a GGUF file ----------------------------------------------------------------------------------------------
 def read_gguf(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Blocks]:
-    """The Q4_1 weights of a Llama-family GGUF file, by their Hugging Face names, q_proj and k_proj rows put back in
-    the order Hugging Face uses (llama.cpp's converter interleaves each head's rotary halves)."""
+    """The Q4_1 and Q8_0 weights of a Llama-family GGUF file, by their Hugging Face names, q_proj and k_proj rows put
+    back in the order Hugging Face uses (llama.cpp's converter interleaves each head's rotary halves)."""
     from gguf import GGUFReader
 
     out: dict[str, Blocks] = {}
     for tensor in GGUFReader(str(path)).tensors:
-        name = _hf_name(tensor.name)
-        if tensor.tensor_type.name != "Q4_1" or name is None:
+        name, fmt = _hf_name(tensor.name), tensor.tensor_type.name.lower()
+        if fmt not in BLOCK_BYTES or name is None:
             continue
-        data = torch.from_numpy(tensor.data.copy())  # (rows, k / 32 * 20) uint8
-        raw = data.reshape(data.shape[0], -1, BLOCK_BYTES)
+        data = torch.from_numpy(tensor.data.copy())  # (rows, k / 32 * block bytes) uint8
+        raw = data.reshape(data.shape[0], -1, BLOCK_BYTES[fmt])
         if name.endswith("q_proj.weight"):
             raw = _unpermute_rows(raw, num_heads)
         elif name.endswith("k_proj.weight"):
             raw = _unpermute_rows(raw, num_kv_heads)
-        out[name] = Blocks(raw.contiguous())
+        out[name] = Blocks(raw.contiguous(), fmt)
     return out
 
 

@@ -73,13 +73,15 @@ class Matrix:
         self.packed = self.panels = None
         use_dnn = backend.switches.lean_matmul == "auto"
         if use_dnn and dtype == torch.float32 and backend.serves("panels"):
-            if blocks is not None and backend.serves("q4 blocks") and weight.device.type == "cpu" and blocks.matches(weight):
-                self.panels = native_panels.PanelMatrix.from_blocks(blocks.groups(), *blocks.shape,
-                                                                    amx=backend.serves("amx q4 blocks"))
+            groups = blocks.groups() if blocks is not None and backend.serves("q4 blocks") else None
+            if groups is not None and weight.device.type == "cpu" and blocks.matches(weight):
+                tiles = backend.serves("amx q8 blocks" if blocks.format == "q8_0" else "amx q4 blocks")
+                self.panels = native_panels.PanelMatrix.from_blocks(groups, *blocks.shape, amx=tiles, fmt=blocks.format)
             if self.panels is None:
                 self.panels = native_panels.PanelMatrix.build(weight, backend.serves("amx"), backend.serves("bf16 panels"))
         any_rows = self.panels is not None and self.panels.any_rows  # serves every row count: no other copy needed
-        if _dnn_linear is not None and use_dnn and dtype == torch.float32 and weight.device.type == "cpu" and not any_rows:
+        on_cpu = weight.device.type == "cpu"
+        if _dnn_linear is not None and use_dnn and dtype == torch.float32 and on_cpu and not any_rows:
             self.packed = _dnn_pack(weight.to(dtype).contiguous(), 16)
         # (in, out) for torch.mm: not needed where panels and oneDNN (or AMX / blocks alone) cover every row count
         covered = any_rows or (self.panels is not None and self.packed is not None)
@@ -229,8 +231,8 @@ class LeanModel:
             self.layers.append(LeanLayer(
                 in_norm=layer.input_layernorm.weight.detach().to(cd),
                 qkv=self._matrix("qkv", qkv_w, qkv_b, blocks(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
-                o=self._matrix("o", a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach().to(cd),
-                               blocks(a.o_proj.weight)),
+                o=self._matrix("o", a.o_proj.weight.detach(),
+                               None if a.o_proj.bias is None else a.o_proj.bias.detach().to(cd), blocks(a.o_proj.weight)),
                 post_norm=layer.post_attention_layernorm.weight.detach().to(cd),
                 gate_up=self._matrix("gate_up", gu_w, None, blocks(m.gate_proj.weight, m.up_proj.weight)),
                 down=self._matrix("down", m.down_proj.weight.detach(), None, blocks(m.down_proj.weight)),

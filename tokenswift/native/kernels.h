@@ -35,7 +35,7 @@ typedef struct {
     const float *qkv_bias;  /* ((hq + 2 hkv) d,) or NULL (Qwen2 has one) */
     int kinds[4];  /* per matrix above: 0 float32 panels (panel_mm), 1 bfloat16 AMX tiles (panel_amx),
                      2 bfloat16 panels widened in registers (panel_bf16), 3 GGUF Q4_1 groups (panel_q4),
-                     4 Q4_1 groups on AMX tiles (panel_q4_amx) */
+                     4 Q4_1 groups on AMX tiles (panel_q4_amx), 5 Q8_0 groups on AMX tiles (panel_q8_amx) */
 } layer_weights;
 
 /* One multi-token head in the TokenSwift (Medusa) layout (see heads_top in layer_rows.c). */
@@ -65,9 +65,10 @@ long panel_q4_scratch(int m, int k);
 int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
 int q4_dequantize(const uint8_t *w, int n, int k, float *out);
 
-/* panel_amx.c (HAVE_AMX builds): Q4_1 blocks on AMX tiles; scratch of panel_q4_amx_scratch(m, k) bytes. */
+/* panel_amx.c (HAVE_AMX builds): Q4_1 and Q8_0 blocks on AMX tiles; scratch of panel_q4_amx_scratch(m, k) bytes. */
 long panel_q4_amx_scratch(int m, int k);
 int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
+int panel_q8_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
 
 /* attend_rows.c: attention of a few stacked query rows; scratch of attend_rows_scratch(rows, s) floats. */
 long attend_rows_scratch(int rows, int s);

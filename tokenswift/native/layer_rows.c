@@ -100,6 +100,7 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
 #if HAVE_AMX
     if (kind == 1) code = panel_amx(x, (const uint16_t *)w, y, t, k, n, amx, amx_bytes);
     if (kind == 4) code = panel_q4_amx(x, (const uint8_t *)w, y, t, k, n, amx, amx_bytes);
+    if (kind == 5) code = panel_q8_amx(x, (const uint8_t *)w, y, t, k, n, amx, amx_bytes);
 #endif
     if (kind == 3) code = panel_q4(x, (const uint8_t *)w, y, t, k, n, amx, amx_bytes);
     if (kind == 2) code = panel_bf16(x, (const uint16_t *)w, y, t, k, n);  /* panel_mm.c: in every build */
@@ -123,7 +124,7 @@ static long round16(long floats) { return (floats + 15) / 16 * 16; }
 
 /* Whether this library has a kernel for weights laid out as `kind`. */
 static int kind_served(int kind) {
-    return kind == 0 || kind == 2 || kind == 3 || (HAVE_AMX && (kind == 1 || kind == 4));
+    return kind == 0 || kind == 2 || kind == 3 || (HAVE_AMX && (kind == 1 || kind == 4 || kind == 5));
 }
 
 /* layer_rows's scratch for t rows over s keys, in floats: the rows' buffers, then the attention scores (from

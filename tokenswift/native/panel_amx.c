@@ -62,7 +62,9 @@ static void configure(void) {
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int i = 0; i < 5; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
-    _tile_loadconfig(&cfg);
+    /* not _tile_loadconfig: GCC 12's names only 8 bytes of the config as read, so the stores to the rest may be
+       dropped (seen: a clone of the kernel loaded a configuration of garbage and faulted); this names all 64 */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
 /* The top 8 significant bits of 16 floats as bfloat16 (truncation: the dropped bits are kept by the caller). */
@@ -140,16 +142,21 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, 
     return 0;
 }
 
-/* ---- the same over GGUF Q4_1 blocks (q4_blocks.h) -------------------------------------------------------------
-   panel_q4_amx: y = x @ W^T with W held as Q4_1 groups, on AMX tiles. The weights take the A side of the tile
-   product (A's rows are W's rows, 32 inputs each: a group's row rebuilt to bfloat16 is one row of an A tile, no
-   transposition), and x's split rows the B side (16 input pairs by 16 split rows, scattered there as they are
-   split). So C holds 16 outputs by 15 split rows; y = (C.x1 + C.x2) + C.x3 as in panel_amx, and the products and
-   sums are panel_amx's (the tile multiplies the same pairs in the same order, whichever side holds which): the
-   results are bitwise panel_amx's over the blocks' bfloat16 values, which panels.py's self-check holds it to.
+/* ---- the same over GGUF blocks: Q4_1 (q4_blocks.h) and Q8_0 ------------------------------------------------------
+   panel_q4_amx, panel_q8_amx: y = x @ W^T with W held as GGUF blocks, on AMX tiles. The weights take the A side
+   of the tile product (A's rows are W's rows, 32 inputs each: a group's row rebuilt to bfloat16 is one row of an A
+   tile, no transposition), and x's split rows the B side (16 input pairs by 16 split rows, scattered there as they
+   are split). So C holds 16 outputs by 15 split rows; y = (C.x1 + C.x2) + C.x3 as in panel_amx, and the products
+   and sums are panel_amx's (the tile multiplies the same pairs in the same order, whichever side holds which): the
+   results are bitwise panel_amx's over the blocks' bfloat16 values, which panels.py's self-check holds them to.
    Per 32 outputs the strip of their groups is rebuilt once (two A tiles per 32 inputs); while the tiles multiply
    one strip the vector units rebuild the next into a second buffer, and every pass of AMX_TOKENS tokens runs over
-   a strip. */
+   a strip.
+
+   Q8_0 (SmolLM2's embedding, its tied LM head: 8.5 bits a weight against 16) is a weight bf16(d * q), q an int8 and
+   d a float16 per 32 weights; its group of 16 rows x 32 inputs is uint16 d[16], then int8 q[16][32]. Only here:
+   rebuilding it in float32 lanes for the vector kernels cost more than streaming its bfloat16 (docs/performance.md).
+   */
 #include "q4_blocks.h"
 
 #if !defined(__AVX512BF16__)
@@ -180,23 +187,44 @@ static void split_to_tiles(const float *x, uint32_t *tiles, int m, int k) {
         }
 }
 
+#define FORMAT_Q4_1 1
+#define FORMAT_Q8_0 2
+#define Q8_GROUP_BYTES (16 * 2 + 16 * 32)
+
+static inline long group_bytes(int format) { return format == FORMAT_Q4_1 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES; }
+
+/* Row i of a Q8_0 group as its 32 bfloat16 values: d * q in float32 (exact), rounded to nearest even. */
+static inline __m512i q8_row_bf16(const uint8_t *group, const float *d, int i) {
+    const int8_t *q = (const int8_t *)(group + 32 + 32 * i);
+    __m512 scale = _mm512_set1_ps(d[i]);
+    __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), scale);
+    __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), scale);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
 /* Rebuild the groups (nb, kb) and (nb + 1, kb) as bfloat16 A tiles into strip[h][kb], prefetching the groups of
    the strip after the next. */
-static inline void rebuild_pair(const uint8_t *w, int k, int nb, int kb, int blocks_n, uint16_t *strip) {
-    const long kb_count = k / 32;
+static inline void rebuild_pair(const uint8_t *w, int format, int k, int nb, int kb, int blocks_n, uint16_t *strip) {
+    const long kb_count = k / 32, bytes = group_bytes(format);
     float d[16], m[16];
     for (int h = 0; h < 2; h++) {
-        const uint8_t *group = q4_group(w, k, nb + h, kb);
+        const uint8_t *group = w + ((size_t)(nb + h) * kb_count + kb) * bytes;
         if (nb + 4 < blocks_n)
-            for (long b = 0; b < Q4_GROUP_BYTES; b += 64)
-                _mm_prefetch((const char *)group + 4 * kb_count * Q4_GROUP_BYTES + b, _MM_HINT_T0);
-        q4_scales(group, d, m);
+            for (long b = 0; b < bytes; b += 64) _mm_prefetch((const char *)group + 4 * kb_count * bytes + b, _MM_HINT_T0);
         uint16_t *tile = strip + ((size_t)h * kb_count + kb) * 16 * 32;
-        for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(tile + i * 32), q4_row_bf16(group, d, m, i));
+        if (format == FORMAT_Q4_1) {
+            q4_scales(group, d, m);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(tile + i * 32), q4_row_bf16(group, d, m, i));
+        } else {
+            _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)group)));
+            __asm__ volatile("" ::: "memory");  /* as q4_scales: the scale as a broadcast load */
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(tile + i * 32), q8_row_bf16(group, d, i));
+        }
     }
 }
 
-int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
+static int blocks_amx(const float *x, const uint8_t *w, int format, float *y, int m, int k, int n, void *scratch,
+                      long scratch_bytes) {
     if (k < 32 || k > AMX_MAX_K || k % 32 || n < 32 || n % 32 || m < 1) return KERNEL_BAD_ARGUMENTS;
     if (scratch == NULL || scratch_bytes < panel_q4_amx_scratch(m, k)) return KERNEL_SMALL_SCRATCH;
     if (amx_state != 1) return KERNEL_NO_TILES;
@@ -210,7 +238,7 @@ int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n
     }
     float c[2][16 * 16] __attribute__((aligned(64)));
     configure();
-    for (int kb = 0; kb < kb_count; kb++) rebuild_pair(w, k, 0, kb, blocks_n, strips);
+    for (int kb = 0; kb < kb_count; kb++) rebuild_pair(w, format, k, 0, kb, blocks_n, strips);
     for (int nb = 0; nb < blocks_n; nb += 2) {
         const uint16_t *strip = strips + (size_t)((nb / 2) & 1) * strip_words;
         uint16_t *next = strips + (size_t)((nb / 2 + 1) & 1) * strip_words;
@@ -226,7 +254,7 @@ int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n
                 _tile_loadd(4, strip + ((size_t)kb_count + kb) * 512, 64);
                 _tile_dpbf16ps(0, 3, 2);
                 _tile_dpbf16ps(1, 4, 2);
-                if (g == 0 && more) rebuild_pair(w, k, nb + 2, kb, blocks_n, next);
+                if (g == 0 && more) rebuild_pair(w, format, k, nb + 2, kb, blocks_n, next);
             }
             _tile_stored(0, c[0], 64);
             _tile_stored(1, c[1], 64);
@@ -242,4 +270,13 @@ int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n
     }
     _tile_release();
     return 0;
+}
+
+int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
+    return blocks_amx(x, w, FORMAT_Q4_1, y, m, k, n, scratch, scratch_bytes);
+}
+
+/* The same for Q8_0 groups; scratch of panel_q4_amx_scratch(m, k) bytes. */
+int panel_q8_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
+    return blocks_amx(x, w, FORMAT_Q8_0, y, m, k, n, scratch, scratch_bytes);
 }

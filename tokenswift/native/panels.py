@@ -66,6 +66,14 @@ def _q4_amx_function():
     return build.function("panel_q4_amx", _INT, _Q4_ARGS, _q4_amx_self_check, "panel_amx")
 
 
+def _q8_amx_function():
+    """The kernel over GGUF Q8_0 blocks on AMX tiles (panel_amx.c), or None. Off AMX no kernel streams Q8_0 blocks:
+    rebuilding them in float32 lanes cost more than streaming their bfloat16 (docs/performance.md)."""
+    if not switches.current().blocks or _amx_function() is None:
+        return None
+    return build.function("panel_q8_amx", _INT, _Q4_ARGS, _q8_amx_self_check, "panel_amx")
+
+
 _local = threading.local()  # per thread: the kernels' scratch (grown to the most rows and columns asked)
 _SCRATCH_SIZES = ("panel_amx_scratch", "panel_q4_scratch", "panel_q4_amx_scratch")
 
@@ -108,6 +116,10 @@ def q4_amx_available() -> bool:
     return _q4_amx_function() is not None
 
 
+def q8_amx_available() -> bool:
+    return _q8_amx_function() is not None
+
+
 def why_unavailable() -> str:
     return "" if available() else build.why_not("panel_mm")
 
@@ -136,11 +148,12 @@ def describe() -> str:
         return f"off ({otherwise})" if switched_on else f"off ({env}=0)"
 
     no_amx = build.why_not("panel_amx") or "not in this build"
+    no_q4 = build.why_not("panel_q4") or "unavailable"
     chosen_switches = switches.current()
     return (f"native kernels: {chosen.name} build ({how}{passed}), "
             f"AMX {state(amx_available(), chosen_switches.amx, AMX_ENV, no_amx)}, "
             f"bf16 panels {state(bf16_available(), chosen_switches.bf16_panels, BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}, "
-            f"Q4_1 blocks {state(q4_available(), chosen_switches.blocks, BLOCKS_ENV, build.why_not('panel_q4') or 'unavailable')}"
+            f"Q4_1 blocks {state(q4_available(), chosen_switches.blocks, BLOCKS_ENV, no_q4)}"
             + (" (on AMX tiles)" if q4_amx_available() else ""))
 
 
@@ -151,7 +164,8 @@ class PanelMatrix:
     W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes). kind 2: the
     panels of kind 0 in bfloat16 for panel_bf16.c, where W is exactly bfloat16 and AMX does not serve it (bitwise
     kind 0's products, from half the bytes). Kind 3: W as the GGUF Q4_1 blocks it was converted from
-    (`from_blocks`), for panel_q4.c; kind 4 the same on AMX tiles (panel_q4_amx, bitwise kind 1's products)."""
+    (`from_blocks`), for panel_q4.c; kind 4 the same on AMX tiles (panel_q4_amx, bitwise kind 1's products); kind 5
+    Q8_0 blocks on AMX tiles (panel_q8_amx, the same)."""
 
     WIDTH = 32
 
@@ -185,20 +199,24 @@ class PanelMatrix:
         return cls(weight, amx=amx_fits and exact, bf16=exact and not amx_fits)
 
     @classmethod
-    def from_blocks(cls, groups: torch.Tensor, n: int, k: int, amx: bool = True, kernel=None) -> "PanelMatrix | None":
-        """W (n, k) from its GGUF Q4_1 blocks in the kernels' layout (`tokenswift.gguf_blocks.Blocks.groups()`;
-        blocks already matched to the weight bit for bit): on AMX tiles where they serve and fit (amx: the
-        backend's choice), else panel_q4; None where neither serves the shape. kernel: the C function to use (a
-        self-check passes the one under test, amx saying which it is)."""
+    def from_blocks(cls, groups: torch.Tensor, n: int, k: int, amx: bool = True, kernel=None,
+                    fmt: str = "q4_1") -> "PanelMatrix | None":
+        """W (n, k) from its GGUF blocks (fmt "q4_1" or "q8_0") in the kernels' layout
+        (`tokenswift.gguf_blocks.Blocks.groups()`; blocks already matched to the weight bit for bit): on AMX tiles
+        where they serve and fit (amx: the backend's choice), else (Q4_1 only) panel_q4; None where neither serves
+        the shape. kernel: the C function to use (a self-check passes the one under test, amx saying which)."""
         if k % 32 or n % 16:
             return None
-        tiles = amx and n % 32 == 0 and k <= AMX_MAX_K and (kernel is not None or _q4_amx_function() is not None)
-        kernel = kernel or (_q4_amx_function() if tiles else _q4_function())
+        tiled = _q8_amx_function if fmt == "q8_0" else _q4_amx_function
+        tiles = amx and n % 32 == 0 and k <= AMX_MAX_K and (kernel is not None or tiled() is not None)
+        if not tiles and fmt == "q8_0":
+            return None
+        kernel = kernel or (tiled() if tiles else _q4_function())
         if kernel is None:
             return None
         m = cls.__new__(cls)
         m.out_features, m.in_features = n, k
-        m.kind = 4 if tiles else 3
+        m.kind = (5 if fmt == "q8_0" else 4) if tiles else 3
         m._kernel, m.panels = kernel, groups.contiguous()
         return m
 
@@ -212,7 +230,7 @@ class PanelMatrix:
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
-        if self.kind in (1, 3, 4):
+        if self.kind in (1, 3, 4, 5):
             code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
                                 self.out_features, *_amx_scratch(t, self.in_features))
         else:
@@ -263,22 +281,23 @@ def _bf16_self_check(kernel) -> bool:
     return all(torch.equal(narrow(x[:rows]), wide(x[:rows])) for rows in range(1, MAX_ROWS + 1))
 
 
-def _random_blocks(gen: torch.Generator, n: int, k: int):
-    """Q4_1 blocks of a random (n, k) weight: float16 d and m of a model's size, random codes."""
+def _random_blocks(gen: torch.Generator, n: int, k: int, fmt: str = "q4_1"):
+    """GGUF blocks of a random (n, k) weight: float16 d (and m) of a model's size, random codes."""
     from ..gguf_blocks import BLOCK_BYTES, Blocks
 
-    raw = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES), dtype=torch.uint8, generator=gen)
-    raw[..., :4] = (torch.rand(n, k // 32, 2, generator=gen) * 0.02 - 0.01).half().view(torch.uint8)  # d, m
-    return Blocks(raw)
+    raw = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[fmt]), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(n, k // 32, 2, generator=gen) * 0.02 - 0.01).half().view(torch.uint8)  # d, m
+    raw[..., : 4 if fmt == "q4_1" else 2] = scales[..., : 4 if fmt == "q4_1" else 2]
+    return Blocks(raw, fmt)
 
 
-def _q4_product_check(kernel, tiles: bool, reference) -> bool:
+def _q4_product_check(kernel, tiles: bool, reference, fmt: str = "q4_1") -> bool:
     """The kernel's products of 1-16 rows are reference(values, x, got) over the bfloat16 values the blocks encode
     (`tokenswift.gguf_blocks.Blocks.values`), and a row of a many-row product is bitwise the one-row product."""
     gen = torch.Generator().manual_seed(0)
-    blocks = _random_blocks(gen, 64, 96)
+    blocks = _random_blocks(gen, 64, 96, fmt)
     values = blocks.values().float()
-    m = PanelMatrix.from_blocks(blocks.groups(), 64, 96, amx=tiles, kernel=kernel)
+    m = PanelMatrix.from_blocks(blocks.groups(), 64, 96, amx=tiles, kernel=kernel, fmt=fmt)
     x = torch.randn(MAX_ROWS, 96, generator=gen)
     if not all(reference(values, x[:rows], m(x[:rows])) for rows in range(1, MAX_ROWS + 1)):
         return False
@@ -306,9 +325,18 @@ def _q4_amx_self_check(kernel) -> bool:
     if _amx_function() is None:
         return False
 
-    def same(values, x, got):
-        return torch.equal(got, PanelMatrix(values, amx=True)(x))
-    return _q4_product_check(kernel, True, same)
+    return _q4_product_check(kernel, True, _same_as_amx)
+
+
+def _q8_amx_self_check(kernel) -> bool:
+    """Bitwise panel_amx's products over the bfloat16 values Q8_0 blocks encode, for every row count."""
+    if _amx_function() is None:
+        return False
+    return _q4_product_check(kernel, True, _same_as_amx, "q8_0")
+
+
+def _same_as_amx(values, x, got) -> bool:
+    return torch.equal(got, PanelMatrix(values, amx=True)(x))
 
 
 def _self_check(kernel) -> bool:
