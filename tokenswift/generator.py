@@ -21,7 +21,7 @@ from .decode_loop import DecodeLoop
 from .heads import Heads, read_head_tensors
 from .kinds import Method
 from .lean import LeanHeads
-from .native import layers as native_layers
+from .native import layers as native_layers, switches
 from .run_summary import RunSummary
 from .settings import Settings
 from .tree import AUTO
@@ -89,8 +89,9 @@ class Generator:
         if device not in (None, "auto"):
             model = model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        local = _local_dir(path)
-        if next(model.parameters()).device.type == "cpu":
+        blocks = next(model.parameters()).device.type == "cpu" and switches.current().blocks
+        local = _local_dir(path) if heads or datastore or blocks else None
+        if blocks:
             gguf_blocks.load_for(model, local)  # the GGUF blocks the weights came from: streamed in their place
         gen = cls(model, tokenizer)
         if heads or datastore:

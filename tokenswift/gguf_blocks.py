@@ -4,7 +4,7 @@ native panel kernels can stream the blocks instead of the bfloat16 weights (`tok
 
 Why: the built-in SmolLM2-135M comes from a GGUF file (Q4_1 decoder layers, a Q8_0 embedding that is also its LM
 head) and its converted bfloat16 weights are, bit for bit, roundings of those blocks: bf16(d * q + m) and
-bf16(d * q). A decode step on a CPU is bound by the bytes it streams: 63 + 30 MB of blocks against 212 + 57 MB of
+bf16(d * q). A decode step on a CPU is bound by the bytes it streams: 66 + 30 MB of blocks against 212 + 57 MB of
 bfloat16 per token.
 
 Nothing here changes what a model computes: `Blocks.matches(weight)` rebuilds the values and compares them with
@@ -15,6 +15,7 @@ model names the weight, the formats in its metadata; `python -m tokenswift fetch
 from __future__ import annotations
 
 import json
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,11 @@ def load_for(model: torch.nn.Module, folder: Path) -> int:
     path = Path(folder) / FILE_NAME
     if not path.is_file():
         return 0
-    blocks = load(path)
+    try:
+        blocks = load(path)
+    except Exception as e:  # noqa: BLE001 - an unreadable file: the bfloat16 weights serve, as without one
+        warnings.warn(f"{path}: not read ({e}); the model's own weights serve", stacklevel=2)
+        return 0
     attach(model, blocks)
     return len(blocks)
 

@@ -73,9 +73,10 @@ class Matrix:
         self.packed = self.panels = None
         use_dnn = backend.switches.lean_matmul == "auto"
         if use_dnn and dtype == torch.float32 and backend.serves("panels"):
-            groups = blocks.groups() if blocks is not None and backend.serves("q4 blocks") else None
+            tiles = blocks is not None and backend.serves("amx") and backend.serves(f"amx {blocks.format[:2]} blocks")
+            served = blocks is not None and (tiles or (blocks.format == "q4_1" and backend.serves("q4 blocks")))
+            groups = blocks.groups() if served else None
             if groups is not None and weight.device.type == "cpu" and blocks.matches(weight):
-                tiles = backend.serves("amx q8 blocks" if blocks.format == "q8_0" else "amx q4 blocks")
                 self.panels = native_panels.PanelMatrix.from_blocks(groups, *blocks.shape, amx=tiles, fmt=blocks.format)
             if self.panels is None:
                 self.panels = native_panels.PanelMatrix.build(weight, backend.serves("amx"), backend.serves("bf16 panels"))
@@ -92,8 +93,8 @@ class Matrix:
         # AMX tiles and GGUF blocks serve every row count (prefill chunks and big trees too: their rows then match
         # AR's bitwise); float32 panels up to MAX_ROWS, oneDNN beyond
         few = x.shape[0] <= native_panels.MAX_ROWS or (self.panels is not None and self.panels.any_rows)
-        if self.panels is not None and few and x.dtype == torch.float32:
-            y = self.panels(x)
+        if self.panels is not None and few and (x.dtype == torch.float32 or self.weight_t is None):
+            y = self.panels(x.float()).to(x.dtype)  # (another dtype only where the panels are the one copy kept)
             return y if self.bias is None else y + self.bias
         if self.packed is not None and (x.shape[0] > MM_MAX_ROWS or self.weight_t is None) and x.dtype == torch.float32:
             return _dnn_linear(x, self.packed, self.bias, "none", [], "")

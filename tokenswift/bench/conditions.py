@@ -65,6 +65,12 @@ def _engine_compute(gen) -> str:
         native += " (AMX tiles over bfloat16 weights, float32 inputs split into exact bfloat16 parts)"
     elif lean.native_rows and lean.head.panels.kind == 2:
         native += " (bfloat16 weight panels widened to float32 in registers: float32 panels' products)"
+    blocks = {m.panels.kind for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+              if m.panels is not None} | ({lean.head.panels.kind} if lean.head.panels is not None else set())
+    if blocks & {3, 4, 5}:
+        where = "on AMX tiles" if blocks & {4, 5} else "in vector registers"
+        head = ", the LM head's Q8_0 too" if 5 in blocks else ""
+        native += f"; the GGUF's Q4_1 blocks{head} streamed and rebuilt exactly to the bfloat16 weights {where}"
     return f"with the lean step, {'/'.join(kinds)} weights, float32 logits and KV cache, {native}"
 
 

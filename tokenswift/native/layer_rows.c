@@ -128,7 +128,8 @@ static int kind_served(int kind) {
 }
 
 /* layer_rows's scratch for t rows over s keys, in floats: the rows' buffers, then the attention scores (from
-   *scores_at), then the AMX split rows (from *amx_at). Returns the total. */
+   *scores_at), then the products' scratch (from *amx_at: AMX split rows, rebuilt strips of GGUF blocks). Returns
+   the total. */
 static long layer_scratch(int t, int hidden, int hq, int hkv, int d, int inter, int s, long *scores_at, long *amx_at) {
     long nqkv = (long)(hq + 2 * hkv) * d;
     *scores_at = round16((long)t * (2L * hidden + nqkv + 3L * hq * d + 3L * inter));

@@ -16,8 +16,8 @@
    of TDPBF16PS (16 rows of k pairs, each holding 16 columns x 2 bfloat16), in the order
    [n / 16][k / 32][16 k pairs][16 columns][2].
 
-   Compiled into build.py's "amx" library only (flags -mamx-tile -mamx-bf16 with AVX-512), which a process loads
-   where /proc/cpuinfo lists amx_tile and amx_bf16; the tile state is then asked of Linux once (amx_ready), and
+   Compiled into build.py's "amx" library only (flags -mamx-tile -mamx-bf16 -mavx512bf16 with AVX-512), which a
+   process loads where /proc/cpuinfo lists amx_tile, amx_bf16 and avx512_bf16; the tile state is then asked of Linux once (amx_ready), and
    panel_amx refuses to run (KERNEL_NO_TILES) until it was granted. The split rows go to the caller's scratch
    (panel_amx_scratch bytes): nothing is allocated per call. */
 #include <stddef.h>

@@ -154,7 +154,8 @@ def describe() -> str:
             f"AMX {state(amx_available(), chosen_switches.amx, AMX_ENV, no_amx)}, "
             f"bf16 panels {state(bf16_available(), chosen_switches.bf16_panels, BF16_ENV, build.why_not('panel_bf16') or 'unavailable')}, "
             f"Q4_1 blocks {state(q4_available(), chosen_switches.blocks, BLOCKS_ENV, no_q4)}"
-            + (" (on AMX tiles)" if q4_amx_available() else ""))
+            + (" (on AMX tiles, Q8_0 too)" if q4_amx_available() and q8_amx_available() else
+               " (on AMX tiles)" if q4_amx_available() else ""))
 
 
 class PanelMatrix:
@@ -226,7 +227,8 @@ class PanelMatrix:
         return self.kind != 0 and self.kind != 2
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (T, K) float32 on CPU -> (T, N) float32; T <= MAX_ROWS for float32 panels, any T on AMX tiles."""
+        """x: (T, K) float32 on CPU -> (T, N) float32; T <= MAX_ROWS for float32 and bfloat16 panels, any T on AMX
+        tiles and GGUF blocks (`any_rows`)."""
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)

@@ -4,8 +4,8 @@
    built-in SmolLM2-135M: Q4_1 layers) holds weights that are, bit for bit, bfloat16 roundings of its blocks: a
    Q4_1 weight is bf16(d * q + m), q a 4-bit code, d and m float16 per 32 weights. The blocks take 5 bits a weight
    against bfloat16's 16, so a kernel that rebuilds those bfloat16 values in registers computes what the bfloat16
-   weights would give from under a third of the bytes. (The same model's Q8_0 embedding, its LM head, was tried
-   and not kept: rebuilding it cost as much as streaming its bfloat16, docs/performance.md.)
+   weights would give from under a third of the bytes. (The same model's Q8_0 embedding, its LM head, is rebuilt
+   on AMX tiles only, in panel_amx.c: in float32 lanes it cost more than streaming its bfloat16.)
 
    Exactness: a value is rebuilt with the operations the converter used (gguf's dequantization: float32 d times q,
    then plus m, each rounded), then rounded to bfloat16 to nearest even (PyTorch's conversion), in float32 lanes.
