@@ -350,7 +350,7 @@ def test_panel_q4_refuses_shapes_it_does_not_handle():
     m = panels.PanelMatrix.from_blocks(blocks.groups(), 16, 64)
     assert m.kind == 3  # 16 outputs: too few for AMX's pairs of 16, the vector kernel serves
     kernel = build.library().panel_q4
-    kernel.restype, kernel.argtypes = ctypes.c_int, panels._Q4_ARGS
+    kernel.restype, kernel.argtypes = ctypes.c_int, panels._BLOCK_ARGS
     x, y, scratch = torch.randn(1, 64), torch.empty(1, 16), torch.empty(1 << 16, dtype=torch.uint8)
     assert kernel(x.data_ptr(), m.panels.data_ptr(), y.data_ptr(), 1, 64, 16, None, 0) == -2  # no scratch
     for k, n in ((48, 16), (64, 24), (0, 16)):  # the kernel's own checks (from_blocks declines these first)

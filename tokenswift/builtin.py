@@ -131,11 +131,18 @@ def fetch(name: str, progress: bool = True, source: str = "registry", download: 
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}: choose one of {', '.join(SOURCES)}")
     folder = model_dir(name)
-    if not (folder / MARKER).is_file() or (source == "registry" and _lacks_blocks(folder)):
+
+    def missing() -> bool:
+        return not (folder / MARKER).is_file()
+
+    def lacks_blocks() -> bool:
+        return source == "registry" and _lacks_blocks(folder)
+
+    if missing() or lacks_blocks():
         with _exclusive(folder) as alone:  # another process may be fetching it: wait for it, then use its folder
-            if not (folder / MARKER).is_file():
+            if missing():
                 _fetch_into(model, folder, progress, source, download or _default_download(), alone)
-            elif source == "registry" and _lacks_blocks(folder):
+            elif lacks_blocks():
                 try:  # the folder works as it is: fetched again for the blocks, kept where that fails
                     _fetch_into(model, folder, progress, source, download or _default_download(), alone)
                 except Exception as e:  # noqa: BLE001 - any failure: the folder still serves

@@ -94,7 +94,8 @@ class Matrix:
         # AR's bitwise); float32 panels up to MAX_ROWS, oneDNN beyond
         few = x.shape[0] <= native_panels.MAX_ROWS or (self.panels is not None and self.panels.any_rows)
         if self.panels is not None and few and (x.dtype == torch.float32 or self.weight_t is None):
-            y = self.panels(x.float()).to(x.dtype)  # (another dtype only where the panels are the one copy kept)
+            # another dtype only where the panels are the one copy of the weights kept
+            y = self.panels(x) if x.dtype == torch.float32 else self.panels(x.float()).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if self.packed is not None and (x.shape[0] > MM_MAX_ROWS or self.weight_t is None) and x.dtype == torch.float32:
             return _dnn_linear(x, self.packed, self.bias, "none", [], "")

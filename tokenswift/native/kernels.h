@@ -70,6 +70,9 @@ long panel_q4_amx_scratch(int m, int k);
 int panel_q4_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
 int panel_q8_amx(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes);
 
+/* layer_rows.c: bytes of scratch any of the products above needs for t rows of up to `widest` inputs. */
+long product_scratch(int t, int widest);
+
 /* attend_rows.c: attention of a few stacked query rows; scratch of attend_rows_scratch(rows, s) floats. */
 long attend_rows_scratch(int rows, int s);
 int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,

@@ -109,8 +109,9 @@ static int product(const void *w, int kind, const float *x, float *y, int t, int
     return code;
 }
 
-/* Bytes of scratch the products of t rows with inputs of up to `widest` floats need (AMX tiles, GGUF blocks). */
-static long amx_scratch(int t, int widest) {
+/* Bytes of scratch the products of t rows with inputs of up to `widest` floats need, whatever kernel each weight
+   is laid out for (AMX tiles, GGUF blocks); the panels' Python wrapper sizes its scratch with it too. */
+long product_scratch(int t, int widest) {
     long bytes = panel_q4_scratch(t, widest);
 #if HAVE_AMX
     long tiles = panel_amx_scratch(t, widest), q4_tiles = panel_q4_amx_scratch(t, widest);
@@ -136,7 +137,7 @@ static long layer_scratch(int t, int hidden, int hq, int hkv, int d, int inter, 
     *amx_at = round16(*scores_at + attend_rows_scratch(hq / hkv * t, s));
     int widest = hidden > hq * d ? hidden : hq * d;
     if (inter > widest) widest = inter;
-    return *amx_at + (amx_scratch(t, widest) + 3) / 4;
+    return *amx_at + (product_scratch(t, widest) + 3) / 4;
 }
 
 /* h: (t, hidden) residual stream, updated in place through every layer. cos, sin: (t, d) rotary tables of
@@ -251,7 +252,8 @@ int move_slots(float *const *k_cache, float *const *v_cache, int layers, int hkv
 /* Floats of scratch heads_top needs for up to MAX_HEADS heads: the rows, every level's logits, the AMX split rows. */
 long heads_top_scratch(int hidden, int vocab) {
     if (hidden < 1 || vocab < 1) return 0;
-    return round16((3L + MAX_HEADS) * hidden + (long)MAX_HEADS * vocab) + (amx_scratch(MAX_HEADS, hidden) + 3) / 4;
+    return round16((3L + MAX_HEADS) * hidden + (long)MAX_HEADS * vocab)
+           + (product_scratch(MAX_HEADS, hidden) + 3) / 4;
 }
 
 /* The drafts of `levels` chained heads for one hidden row h0 (hidden floats, the last layer's output before the

@@ -49,21 +49,21 @@ def _bf16_function():
     return build.function("panel_bf16", _INT, _ARGS, _bf16_self_check, "float32 panels")
 
 
-_Q4_ARGS = _ARGS + [_VOID, _LONG]  # x, blocks, y, m, k, n, scratch, its bytes
+_BLOCK_ARGS = _ARGS + [_VOID, _LONG]  # x, blocks, y, m, k, n, scratch, its bytes
 
 
 def _q4_function():
     """The kernel over GGUF Q4_1 blocks (panel_q4.c), or None (no native kernels, or TOKENSWIFT_BLOCKS=0)."""
     if not switches.current().blocks:
         return None
-    return build.function("panel_q4", _INT, _Q4_ARGS, _q4_self_check, "the bfloat16 weights the blocks encode")
+    return build.function("panel_q4", _INT, _BLOCK_ARGS, _q4_self_check, "the bfloat16 weights the blocks encode")
 
 
 def _q4_amx_function():
     """The kernel over GGUF Q4_1 blocks on AMX tiles (panel_amx.c), or None."""
     if not switches.current().blocks or _amx_function() is None:
         return None
-    return build.function("panel_q4_amx", _INT, _Q4_ARGS, _q4_amx_self_check, "panel_amx")
+    return build.function("panel_q4_amx", _INT, _BLOCK_ARGS, _q4_amx_self_check, "panel_amx")
 
 
 def _q8_amx_function():
@@ -71,11 +71,10 @@ def _q8_amx_function():
     rebuilding them in float32 lanes cost more than streaming their bfloat16 (docs/performance.md)."""
     if not switches.current().blocks or _amx_function() is None:
         return None
-    return build.function("panel_q8_amx", _INT, _Q4_ARGS, _q8_amx_self_check, "panel_amx")
+    return build.function("panel_q8_amx", _INT, _BLOCK_ARGS, _q8_amx_self_check, "panel_amx")
 
 
 _local = threading.local()  # per thread: the kernels' scratch (grown to the most rows and columns asked)
-_SCRATCH_SIZES = ("panel_amx_scratch", "panel_q4_scratch", "panel_q4_amx_scratch")
 
 
 def _amx_scratch(rows: int, k: int) -> tuple[int, int]:
@@ -84,14 +83,9 @@ def _amx_scratch(rows: int, k: int) -> tuple[int, int]:
     have = getattr(_local, "amx", None)
     if have is None or rows > have[0] or k > have[1]:
         rows, k = max(rows, have[0] if have else 0), max(k, have[1] if have else 0)
-        lib = build.library()
-        sizes = []
-        for name in _SCRATCH_SIZES:
-            if hasattr(lib, name):
-                size = lib[name]
-                size.restype, size.argtypes = _LONG, [_INT, _INT]
-                sizes.append(size(rows, k))
-        buf = torch.empty(max(sizes), dtype=torch.uint8)
+        size = build.library().product_scratch  # the decoder stack's rule (layer_rows.c): every kernel's need
+        size.restype, size.argtypes = _LONG, [_INT, _INT]
+        buf = torch.empty(size(rows, k), dtype=torch.uint8)
         have = _local.amx = (rows, k, buf, buf.data_ptr(), buf.numel())
     return have[3], have[4]
 
