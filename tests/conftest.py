@@ -119,6 +119,14 @@ def tiny_tokenizer(vocab: int = 300):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", clean_up_tokenization_spaces=False)
 
 
+def tiny_model_folder(directory: Path, vocab: int = 256):
+    """A tiny random Llama (GQA) and the test tokenizer saved as a model folder: (the model, the folder)."""
+    model = tiny_model("llama-gqa", vocab=vocab)
+    model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return model, directory
+
+
 def save_tiny_checkpoint(directory: Path, family: str = "llama-gqa", with_heads: bool = True) -> Path:
     """A tiny random model + tokenizer (+ heads in the official layout) saved as a checkpoint directory."""
     tokenizer = tiny_tokenizer()

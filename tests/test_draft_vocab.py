@@ -9,7 +9,7 @@ from tokenswift.heads import DRAFT_VOCAB_KEY, read_draft_vocab
 from tokenswift.train.distill_heads import DistillSettings, distill_heads, drafting_vocabulary
 from tokenswift.train.heads import last_layer_hidden
 
-from conftest import NATIVE_FAMILY, random_heads, tiny_model, tiny_tokenizer
+from conftest import NATIVE_FAMILY, random_heads, tiny_model, tiny_model_folder, tiny_tokenizer
 
 
 def test_fresh_heads_give_the_base_logits_when_the_final_norm_is_not_ones():
@@ -84,10 +84,7 @@ def _chain_selfgen(directory, vocab=256, rows=48, prompt=8, new=40, seed=0):
 
 
 def test_self_distilled_heads_learn_the_models_own_text_and_ship_their_vocabulary(tmp_path):
-    model = tiny_model("llama-gqa", vocab=256)
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
+    model, model_dir = tiny_model_folder(tmp_path / "model")
     _chain_selfgen(tmp_path / "selfgen")
     s = DistillSettings(num_heads=2, steps=150, batch_positions=256, lr=2e-2, warmup=10, coverage=0.99, vocab_multiple=16)
     heads = distill_heads(str(model_dir), [str(tmp_path / "selfgen")], str(tmp_path / "run"), s)

@@ -69,6 +69,12 @@ HEAD_CHEAP_RATIO = 20  # a consult costing at most 1/20 of a one-row step is not
 #                        the page's story, greedy + penalty 1.2): SmolLM2-135M's consult 0.80 ms against a 27.7 ms
 #                        step, now every iteration: 1.20 -> 1.32 tokens per iteration, 1.09 -> 1.15x over 400 tokens;
 #                        the default model's 0.26 ms against 3.6 ms keeps the backoff
+HEAD_PAY_MARGIN = 2.0  # nor are heads whose accepted tokens per consult, each worth about a step, repay a consult's
+#                        time this many times over (measured, SmolLM2-135M with heads that read the root, greedy +
+#                        penalty 1.2: a consult about 1.1 ms in the loop against a 21 ms step, just above 1/20, left
+#                        39 consults in 200 iterations; each consult yields about 0.2 accepted tokens)
+HEAD_YIELD_DECAY = 0.97  # the decay of that evidence per consult
+HEAD_YIELD_PRIOR = (0.5, 2.0)  # its start: 0.5 tokens in 2 consults (without it, heads never consulted never show a yield)
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
 PROBE_AFTER = 16  # iterations before the first cost probe: until then plans price rows by the prior curve
 SAMPLED_PRIOR_SCALE = 0.5  # suffix and 4-gram priors when sampling (the stats replace them within a few visits)
@@ -281,6 +287,20 @@ class Rest:
     next: int = 0
 
 
+@dataclass
+class HeadRest(Rest):
+    """The heads' backoff, with the decayed evidence of what a consult brings: accepted head tokens and consults
+    (starting at HEAD_YIELD_PRIOR, so that heads not yet verified show a yield)."""
+    tokens: float = HEAD_YIELD_PRIOR[0]
+    consults: float = HEAD_YIELD_PRIOR[1]
+
+    def per_consult(self) -> float:
+        """Accepted head tokens per consult, before this one is counted (which decays the evidence)."""
+        rate = self.tokens / max(self.consults, 1.0)
+        self.tokens, self.consults = self.tokens * HEAD_YIELD_DECAY, self.consults * HEAD_YIELD_DECAY + 1.0
+        return rate
+
+
 class AutoDrafter:
     """`tree="auto"`: every proposal (suffix match, datastore, fused heads, 4-grams) in one candidate trie, each node
     rated by its kind's measured acceptance, pruned to the best expected tokens per second (`choose`); drafting
@@ -308,7 +328,7 @@ class AutoDrafter:
         self.stats, self.calibration, self.payoff = AcceptanceStats(), Calibration(), Payoff()
         # a sampled token equals a draft with the target's probability of that draft: lower priors than greedy's
         self.prior_scale = 1.0 if settings.greedy else SAMPLED_PRIOR_SCALE
-        self.planner_rest, self.heads_rest = Rest(), Rest()  # plans that kept nothing; consults no token came from
+        self.planner_rest, self.heads_rest = Rest(), HeadRest()  # plans that kept nothing; consults no token came from
         self.probe_rows: Callable[[int], None] | None = None
 
     def start(self, state: RunState, verifier: Verifier, queries: list[torch.Tensor]) -> None:
@@ -385,7 +405,7 @@ class AutoDrafter:
         consult_s = 0.0
         if consult_heads:
             t_consult = time.perf_counter()
-            cands, cprobs = self.head_candidates()
+            cands, cprobs = self.head_candidates(last)
             consult_s = time.perf_counter() - t_consult
             for tokens, p in build_head_paths(cands, cprobs, self.paths):
                 add(tokens, Source.HEAD, p, [(Source.HEAD, d + 1, _prob_bucket(q)) for d, q in enumerate(p)], p)
@@ -421,7 +441,8 @@ class AutoDrafter:
         """Plans that keep nothing in a row: after the second, the planner rests 1, 2, 4, ... then at most 32
         iterations. Heads whose tokens are not accepted are consulted after 2, 4, 8, ... then every 64 iterations
         (an accepted head token, seen after the verification, resets that), unless a consult is cheap against a
-        step (a large model's): then every iteration, as its rates are measured only where its nodes are verified."""
+        step (a large model's) or its accepted tokens repay it (HEAD_PAY_MARGIN): then every iteration, as its rates
+        are measured only where its nodes are verified."""
         rest = self.planner_rest
         rest.idle = 0 if kept else rest.idle + 1
         rest.next = iteration + (2 ** min(rest.idle - 2, PLANNER_REST_LOG2) if rest.idle >= 2 else 1)
@@ -429,13 +450,14 @@ class AutoDrafter:
             heads = self.heads_rest
             heads.idle += 1
             step_s = self.costs.seconds[0] if self.costs.seconds else 0.0
-            cheap = consult_s * HEAD_CHEAP_RATIO <= step_s
+            paying = heads.per_consult() * step_s >= HEAD_PAY_MARGIN * consult_s
+            cheap = paying or consult_s * HEAD_CHEAP_RATIO <= step_s
             heads.next = iteration + (1 if cheap else 2 ** min(heads.idle, HEAD_REST_LOG2))
 
-    def head_candidates(self) -> tuple[list[list[int]], list[list[float]]]:
+    def head_candidates(self, root: int) -> tuple[list[list[int]], list[list[float]]]:
         """Ranked tokens and their probabilities per depth: the raw heads over the drafting vocabulary (their rates
-        are measured), from the fused hidden state (`Generator.head_drafts`)."""
-        cands, cprobs = self.head_drafts(self.input.hidden, len(self.widths), max(self.widths))
+        are measured), from the fused hidden state and the tree's root (`Generator.head_drafts`)."""
+        cands, cprobs = self.head_drafts(self.input.hidden, len(self.widths), max(self.widths), root)
         return [c[:w] for c, w in zip(cands, self.widths)], [p[:w] for p, w in zip(cprobs, self.widths)]
 
     def plain_events(self, root: int, token: int, detail: bool) -> tuple[list[ev.AcceptedToken], list[ev.TreeNode]]:
@@ -458,8 +480,10 @@ class AutoDrafter:
         if self.input is not None:
             self.input.keep(verdict.h, verdict.last_row)
         self.calibration.observe(proposal.expected, len(path))
-        if any(tree.sources[n] == Source.HEAD for n in path):
+        from_heads = sum(tree.sources[n] == Source.HEAD for n in path)
+        if from_heads:
             self.heads_rest.idle, self.heads_rest.next = 0, state.iteration + 1
+            self.heads_rest.tokens += from_heads
         on_path = set(path)
         for visited in [0] + path:
             for child in tree.children[visited].values():

@@ -40,9 +40,12 @@ class DraftingModel(Protocol):
     heads: Heads | None
     datastore: Datastore | None
 
+    def heads_input(self, hidden: torch.Tensor, root: int | None) -> torch.Tensor: ...
+
     def run_heads(self, hidden: torch.Tensor, levels: int, draft_vocab: bool = False) -> torch.Tensor: ...
 
-    def head_drafts(self, hidden: torch.Tensor, levels: int, k: int) -> tuple[list[list[int]], list[list[float]]]: ...
+    def head_drafts(self, hidden: torch.Tensor, levels: int, k: int, root: int | None = None
+                    ) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
 @dataclass
@@ -192,10 +195,11 @@ class FixedTreeDrafter:
 
         paper: one forward of the last token over the partial cache; the base LM head proposes depth 1
         and extra head i depth i + 2. fused (after the first iteration): extra head i applied to the
-        verification pass's hidden state at the last accepted node proposes depth i + 1."""
+        verification pass's hidden state at the last accepted node proposes depth i + 1. Heads with a root input
+        read the root (fused) or the base LM head's most likely token (paper: the token their depths follow)."""
         hidden = self.input.hidden
         if hidden is not None:
-            return self.gen.run_heads(hidden, levels)[:, 0]  # (levels, V)
+            return self.gen.run_heads(self.gen.heads_input(hidden, state.ids[-1]), levels)[:, 0]  # (levels, V)
         full, partial = state.full, self.partial
         cache = full if partial is None else partial
         start = full.length if partial is None else partial.count
@@ -203,7 +207,8 @@ class FixedTreeDrafter:
         h, _ = state.a.forward(torch.tensor([state.ids[-1]]), pos, cache, start)  # (1, H)
         rows = [state.a.logits(h)]
         if levels > 1:
-            rows.append(self.gen.run_heads(h, levels - 1)[:, 0])  # (levels - 1, V)
+            first = int(rows[0][0].argmax())
+            rows.append(self.gen.run_heads(self.gen.heads_input(h, first), levels - 1)[:, 0])  # (levels - 1, V)
         return torch.cat(rows)
 
     def head_candidates(self, state: RunState) -> tuple[list[list[int]], list[list[float]]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import events as ev, gguf_blocks
@@ -18,7 +19,7 @@ from .backend import Backend
 from .codec import decode_ids, encode_text
 from .datastore import Datastore, find as find_datastore
 from .decode_loop import DecodeLoop
-from .heads import Heads, read_head_tensors
+from .heads import Heads, read_head_tensors, unit_rms
 from .kinds import Method
 from .lean import LeanHeads
 from .native import layers as native_layers, switches
@@ -50,6 +51,7 @@ class Generator:
         self._heads: Heads | None = None
         self._lean_heads: LeanHeads | None = None
         self._native_heads: native_layers.NativeHeads | None = None
+        self._root_u: torch.Tensor | None = None
         if heads is not None:
             self.set_heads(heads)
         self.datastore: Datastore | None = None
@@ -127,12 +129,27 @@ class Generator:
         self._lean_heads = None if heads is None or lean is None else LeanHeads(heads, lean.compute_dtype, lean.backend)
         native = self._lean_heads is not None and self.adapter.backend.serves("layers")
         self._native_heads = native_layers.NativeHeads.build(self._lean_heads, lean.draft_head) if native else None
+        self._root_u = None  # the heads' root input U in the dtype their input arrives in, or None
+        if heads is not None and heads.root_input is not None:
+            self._root_u = heads.root_input.weight.detach().to(lean.compute_dtype if lean is not None else heads.root_input.weight.dtype)
 
-    def head_drafts(self, hidden: torch.Tensor, levels: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    def heads_input(self, hidden: torch.Tensor, root: int | None) -> torch.Tensor:
+        """hidden (1, H) at the last accepted node -> what the heads read: with a root input (tokenswift.heads),
+        hidden + U · unit_rms(embed(root)); root: the token the tree starts from. Else hidden itself."""
+        u = self._root_u
+        if u is None or root is None:
+            return hidden
+        row = self.adapter.inner.embed_tokens.weight[root].to(u.device)  # (H,)
+        return hidden + F.linear(unit_rms(row).to(u.dtype), u).to(device=hidden.device, dtype=hidden.dtype)
+
+    def head_drafts(self, hidden: torch.Tensor, levels: int, k: int, root: int | None = None
+                    ) -> tuple[list[list[int]], list[list[float]]]:
         """hidden (1, H) before the final norm -> per head (the first `levels`), its k most likely ids over the
         drafting vocabulary (`run_heads(..., draft_vocab=True)`) and their softmax probabilities, most likely first:
         in one native call where the kernels serve (tokenswift/native/layers.py NativeHeads), else through PyTorch.
-        A drafting vocabulary of fewer than k ids gives all of its ids."""
+        A drafting vocabulary of fewer than k ids gives all of its ids. root: the token the tree starts from (read
+        by heads with a root input, `heads_input`)."""
+        hidden = self.heads_input(hidden, root)
         lean = self.adapter.lean
         k = min(k, lean.draft_vocab if lean is not None else self.adapter.vocab_size)
         found = self._native_heads.top(hidden, levels, k) if self._native_heads is not None else None
@@ -146,9 +163,10 @@ class Generator:
         return [[ids[i] for i in row] for row in found[0]], found[1]  # drafting rows -> token ids
 
     def run_heads(self, hidden: torch.Tensor, levels: int, draft_vocab: bool = False) -> torch.Tensor:
-        """hidden (T, H) before the final norm -> the first `levels` heads' LM-head logits, (levels, T, V).
-        draft_vocab: only over the lean step's drafting vocabulary (V' <= V columns, column j being token id
-        `LeanModel.draft_ids[j]`, or j where that is None; on a CPU an 8x cheaper product for the default model)."""
+        """hidden (T, H) before the final norm (through `heads_input` where the heads have a root input) -> the
+        first `levels` heads' LM-head logits, (levels, T, V). draft_vocab: only over the lean step's drafting
+        vocabulary (V' <= V columns, column j being token id `LeanModel.draft_ids[j]`, or j where that is None; on
+        a CPU an 8x cheaper product for the default model)."""
         if self._lean_heads is not None:
             out = self._lean_heads(hidden, levels)
         else:

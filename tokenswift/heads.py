@@ -6,6 +6,14 @@ and predicts the token at offset +2+i (the base LM head predicts +1). W_i is hid
 Official checkpoints store them in the model's state dict as `model.medusa_layers.{i}.linear.weight`,
 `.input_layernorm.weight` and `.post_layernorm.weight`, with `"medusa_heads": N` in config.json; we load and
 save exactly that layout.
+
+Our own extension, beside those keys: a **root input** (`tokenswift.root_input.weight`, hidden x hidden). h0 is the
+state at the last accepted node, whose logits gave the token the next tree starts from (its root); h0 does not
+know which token that was (a sample, or a penalised pick). With a root input, the heads read
+    h0' = h0 + U · unit_rms(embed(root))
+instead of h0 (U = 0 is the plain heads). A small model is unsure of its next token, so that one token is much of
+what its heads lack: trained so, SmolLM2-135M's heads guess the token after the root far more often (the card in
+assets/smollm2-135m). Heads without the key are the official ones, unchanged.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+import torch.nn.functional as F
 from torch import nn
 
 OFFICIAL_PREFIX = "model.medusa_layers."
@@ -22,6 +31,13 @@ PARTS = ("linear.weight", "input_layernorm.weight", "post_layernorm.weight")
 # Our own addition beside the official keys: the token ids the heads were trained to rank (their drafting
 # vocabulary, most frequent first; tokenswift.train.distill_heads). Absent: the engine's default.
 DRAFT_VOCAB_KEY = "tokenswift.draft_vocab"
+ROOT_INPUT_KEY = "tokenswift.root_input.weight"  # our root input U (see the module's docstring); absent: none
+
+
+def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x (..., H) scaled to root-mean-square 1 along its last dimension: an embedding row as the root input reads it."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class HeadBlock(nn.Module):
@@ -44,6 +60,22 @@ class Heads(nn.Module):
         self.hidden_size = hidden_size
         self.layers = nn.ModuleList(HeadBlock(hidden_size, norm_factory) for _ in range(num_heads))
         self.draft_vocab: torch.Tensor | None = None  # (V',) int64 token ids the heads rank, or None: the engine's
+        self.root_input: nn.Linear | None = None  # U of the root input, or None: plain heads
+
+    def add_root_input(self) -> "Heads":
+        """Give the heads a root input, zero (so they compute what they computed before until trained)."""
+        ref = self.layers[0].linear.weight
+        self.root_input = nn.Linear(self.hidden_size, self.hidden_size, bias=False).to(device=ref.device, dtype=ref.dtype)
+        nn.init.zeros_(self.root_input.weight)
+        return self
+
+    def with_root(self, h0: torch.Tensor, root_embedding: torch.Tensor | None) -> torch.Tensor:
+        """h0 (T, H), root_embedding (T, H) or (H,): the embedding row of the token each row's tree starts from ->
+        what the head blocks read (h0 itself without a root input or without a root)."""
+        if self.root_input is None or root_embedding is None:
+            return h0
+        u = self.root_input.weight
+        return h0 + F.linear(unit_rms(root_embedding).to(u.dtype), u).to(h0.dtype)
 
     @property
     def num_heads(self) -> int:
@@ -67,10 +99,11 @@ class Heads(nn.Module):
         device = ref.device if ref.device.type != "meta" else torch.device("cpu")
         return heads.to(device=device, dtype=ref.dtype)
 
-    def forward(self, h0: torch.Tensor) -> torch.Tensor:
-        """h0: (T, hidden) -> (num_heads, T, hidden), each already through its post norm."""
+    def forward(self, h0: torch.Tensor, root_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        """h0: (T, hidden) -> (num_heads, T, hidden), each already through its post norm. root_embedding: see
+        `with_root`."""
         outs = []
-        h = h0
+        h = self.with_root(h0, root_embedding)
         for block in self.layers:
             h = h + block.linear(block.input_layernorm(h))
             outs.append(block.post_layernorm(h))
@@ -106,6 +139,8 @@ class Heads(nn.Module):
         tensors = self.official_state_dict()
         if self.draft_vocab is not None:
             tensors[DRAFT_VOCAB_KEY] = self.draft_vocab.to(torch.int64).contiguous().cpu()
+        if self.root_input is not None:
+            tensors[ROOT_INPUT_KEY] = self.root_input.weight.detach().contiguous().cpu()
         save_file(tensors, str(path), metadata={"medusa_heads": str(self.num_heads)})
         return path
 
@@ -120,6 +155,13 @@ class Heads(nn.Module):
         heads = cls.init(model, num_heads=count)
         heads.load_official_state_dict(tensors)
         heads.draft_vocab = read_draft_vocab(source, model.lm_head.weight.shape[0])
+        root = read_root_input(source)
+        if root is not None:
+            if tuple(root.shape) != (heads.hidden_size, heads.hidden_size):
+                raise ValueError(f"{ROOT_INPUT_KEY}: shape {tuple(root.shape)}, expected {(heads.hidden_size,) * 2}")
+            heads.add_root_input()
+            with torch.no_grad():
+                heads.root_input.weight.copy_(root.to(heads.root_input.weight.dtype))
         return heads
 
 
@@ -150,6 +192,16 @@ def read_draft_vocab(source: str | Path, vocab_size: int) -> torch.Tensor | None
                 if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
                     raise ValueError(f"{file}: {DRAFT_VOCAB_KEY} must hold distinct token ids below {vocab_size}")
                 return ids
+    return None
+
+
+def read_root_input(source: str | Path) -> torch.Tensor | None:
+    """The root input's U saved beside the heads (ROOT_INPUT_KEY), or None."""
+    source = Path(source)
+    for file in _safetensors_files(source) if source.exists() else []:
+        with safe_open(str(file), framework="pt") as f:
+            if ROOT_INPUT_KEY in f.keys():
+                return f.get_tensor(ROOT_INPUT_KEY)
     return None
 
 
@@ -185,6 +237,8 @@ def save_with_model(model: nn.Module, heads: Heads, tokenizer, directory: str | 
             tensors[key] = f.get_tensor(key)
     for key, value in heads.official_state_dict().items():
         tensors[key] = value.to(dtype or next(iter(tensors.values())).dtype)
+    if heads.root_input is not None:
+        tensors[ROOT_INPUT_KEY] = heads.root_input.weight.detach().contiguous().cpu()
     save_file(tensors, str(weights), metadata=metadata)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())

@@ -33,7 +33,10 @@ def ranks_along(model, heads, ids: torch.Tensor, start: int, penalty: float, win
     """
     h0 = last_layer_hidden(model, ids[None], bf16=False)[0]  # (T, H) last layer output before the final norm
     base = model.lm_head(model.model.norm(h0)).float()  # (T, V)
-    head_logits = model.lm_head(heads(h0)).float() if heads is not None else None  # (heads, T, V)
+    head_logits = None
+    if heads is not None:  # heads with a root input read x[t + 1], the token the tree at t starts from
+        following = torch.cat([ids[1:], ids[-1:]])  # (T,): the last position has no successor; never ranked
+        head_logits = model.lm_head(heads(h0, model.get_input_embeddings()(following))).float()  # (heads, T, V)
     total = ids.numel()
     roots = range(start - 1, total - 1)
     out = {"base": torch.full((len(roots),), -1, dtype=torch.long)}

@@ -9,7 +9,9 @@ coverage and shipped with the heads, since the engine's drafts range over the sa
 
 The text is the model's own continuations (`tokenswift.train.selfgen --save-ids`: greedy, greedy with the
 penalty, the paper's sampling; book pages and general prompts), so a head learns what the model will say,
-which is what verification accepts. Head i at position t learns the token at t+2+i of that text.
+which is what verification accepts. Head i at position t learns the token at t+2+i of that text. With a root
+input (the default; `--no-root-input`: the official heads alone) the heads also read the token at t+1, the root
+the engine's next tree starts from (tokenswift/heads.py).
 
     python -m tokenswift train-heads --model smollm2-135m --selfgen runs/selfgen-* --out runs/heads-smollm2
 
@@ -48,6 +50,7 @@ class DistillSettings:
     minutes: float = 0.0  # wall-clock budget for the optimisation (0: none)
     threads: int = 0
     seed: int = 0
+    root_input: bool = True  # the heads also read the root token (tokenswift.heads, ROOT_INPUT_KEY)
 
 
 @dataclass
@@ -135,6 +138,20 @@ def cached_features(model, rows: list[Row], num_heads: int, folder: Path) -> Fea
                     torch.cat([p.row for p in parts]))
 
 
+def root_tokens(rows: list[Row], owner: torch.Tensor) -> torch.Tensor:
+    """(N,) the token at t+1 for every cached position t: its tree's root. A row's positions are cached together
+    and in order (t = start-1 .. T-3, `compute_features`), so its roots are ids[start .. T-2]."""
+    roots = []
+    runs, counts = torch.unique_consecutive(owner, return_counts=True)
+    for i, n in zip(runs.tolist(), counts.tolist()):
+        r = rows[i]
+        part = r.ids[r.start : r.ids.numel() - 1]
+        if part.numel() != n:
+            raise ValueError(f"cached features of {r.source} do not match its rows: delete the features folder")
+        roots.append(part)
+    return torch.cat(roots) if roots else torch.zeros(0, dtype=torch.long)
+
+
 def drafting_vocabulary(labels: torch.Tensor, vocab_size: int, s: DistillSettings,
                         held_out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The training text's ids by decreasing count, as few as cover `s.coverage` of the held-out text's tokens
@@ -154,16 +171,27 @@ def drafting_vocabulary(labels: torch.Tensor, vocab_size: int, s: DistillSetting
     return order[:size].clone(), table
 
 
-def head_logits(heads: Heads, lm_rows: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
-    """h0 (M, H) float32 -> (K, M, V') logits over the drafting vocabulary."""
-    outs = heads(h0)  # (K, M, H)
+class RootEmbeddings:
+    """The embedding rows of the cached positions' roots, looked up per batch: (positions,) -> (M, H) float32."""
+
+    def __init__(self, table: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.table, self.tokens = table, tokens
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table[self.tokens[idx]].float()
+
+
+def head_logits(heads: Heads, lm_rows: torch.Tensor, h0: torch.Tensor, root_embedding: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """h0 (M, H) float32, root_embedding (M, H) or None -> (K, M, V') logits over the drafting vocabulary."""
+    outs = heads(h0, root_embedding)  # (K, M, H)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         return F.linear(outs, lm_rows).float()
 
 
 @torch.no_grad()
 def evaluate(heads: Heads, lm_rows: torch.Tensor, feats: Features, select: torch.Tensor, to_local: torch.Tensor,
-             vocab: torch.Tensor) -> dict:
+             vocab: torch.Tensor, roots: "RootEmbeddings | None" = None) -> dict:
     """Per head top-1 / top-3 over the selected positions (an id outside the drafting vocabulary is a miss), and
     the mean tokens a chain of top-1 drafts adds per iteration when the base token is right (consecutive hits)."""
     K = heads.num_heads
@@ -174,7 +202,7 @@ def evaluate(heads: Heads, lm_rows: torch.Tensor, feats: Features, select: torch
     count = 0
     for b in range(0, select.numel(), 4096):
         idx = select[b : b + 4096]
-        logits = head_logits(heads, lm_rows, feats.hidden[idx].float())  # (K, M, V')
+        logits = head_logits(heads, lm_rows, feats.hidden[idx].float(), roots(idx) if roots else None)  # (K, M, V')
         top3 = vocab[torch.topk(logits, 3, dim=-1).indices]  # (K, M, 3) token ids
         labels = feats.labels[idx].T  # (K, M)
         valid = labels >= 0
@@ -225,6 +253,10 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
     local_labels = torch.where(feats.labels >= 0, to_local[feats.labels.clamp(min=0)], torch.full_like(feats.labels, -1))
 
     heads = Heads.init(model, s.num_heads).float().train()
+    roots = None
+    if s.root_input:
+        heads.add_root_input()
+        roots = RootEmbeddings(model.get_input_embeddings().weight.detach(), root_tokens(rows, feats.row))
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     log = (out / "heads_log.jsonl").open("a")
     gen = torch.Generator().manual_seed(s.seed)
@@ -240,7 +272,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
         for group in opt.param_groups:
             group["lr"] = lr
         idx = train_idx[torch.randint(0, train_idx.numel(), (s.batch_positions,), generator=gen)]
-        logits = head_logits(heads, lm_rows, feats.hidden[idx].float())  # (K, M, V')
+        logits = head_logits(heads, lm_rows, feats.hidden[idx].float(), roots(idx) if roots else None)  # (K, M, V')
         target = local_labels[idx].T  # (K, M), -1: outside the vocabulary or past the row
         losses = [F.cross_entropy(logits[k], target[k], ignore_index=-1) for k in range(s.num_heads)]
         loss = sum(losses) / s.num_heads
@@ -252,7 +284,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
                               "per_head": [x.item() for x in losses], "lr": lr}) + "\n")
         if step % 250 == 0:
             heads.eval()
-            acc = evaluate(heads, lm_rows, feats, val_idx, to_local, vocab)
+            acc = evaluate(heads, lm_rows, feats, val_idx, to_local, vocab, roots)
             heads.train()
             log.write(json.dumps({"kind": "val", "step": step, **acc}) + "\n")
             bar.write(f"step {step}: top1 " + " ".join(f"{a:.3f}" for a in acc["top1"])
@@ -263,13 +295,13 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
     heads = heads.to(torch.bfloat16).float().eval()  # shipped in bfloat16 (half the bytes; the engine's panels read
     # bfloat16-exact weights at bfloat16's cost): evaluate the rounded weights
     card = {"model": model_dir, "positions": int(feats.hidden.shape[0]), "rows": len(rows),
-            "draft_vocab": int(vocab.numel()), "coverage": table, "steps": step,
+            "draft_vocab": int(vocab.numel()), "coverage": table, "steps": step, "root_input": s.root_input,
             "minutes": {"hidden_states": t_features / 60, "training": t_train / 60}}
-    card["held_out"] = {"all": evaluate(heads, lm_rows, feats, val_idx, to_local, vocab)}
+    card["held_out"] = {"all": evaluate(heads, lm_rows, feats, val_idx, to_local, vocab, roots)}
     for mode in sorted({r.mode for r in rows}):
         members = torch.tensor([i for i, r in enumerate(rows) if r.mode == mode])
         mask = held_out & torch.isin(feats.row, members)
-        card["held_out"][mode] = evaluate(heads, lm_rows, feats, torch.nonzero(mask).squeeze(1), to_local, vocab)
+        card["held_out"][mode] = evaluate(heads, lm_rows, feats, torch.nonzero(mask).squeeze(1), to_local, vocab, roots)
     heads.draft_vocab = vocab
     path = heads.to(torch.bfloat16).save(out / "heads.safetensors")
     total = time.time() - t_start

@@ -236,6 +236,9 @@ def add_train_heads_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--coverage", type=float, default=0.95,
                    help="with --selfgen: the drafting vocabulary covers this share of the text's tokens")
     p.add_argument("--batch-positions", type=int, default=2048, help="with --selfgen: positions per step")
+    p.add_argument("--root-input", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --selfgen: the heads also read the token their tree starts from (tokenswift.heads; "
+                        "--no-root-input: the official heads alone)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     for f in dataclasses.fields(HeadsTrainSettings):
         flag = "--" + f.name.replace("_", "-")

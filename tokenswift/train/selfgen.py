@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     p = argparse.ArgumentParser(prog="python -m tokenswift.train.selfgen")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="a model folder, or a built-in model's name (smollm2-135m)")
     p.add_argument("--corpus", default="../shared/corpus")
     p.add_argument("--out", required=True)
     p.add_argument("--batches", type=int, default=8)
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
+    from ..builtin import resolve_model
+
+    args.model = resolve_model(args.model)  # a built-in name -> its fetched folder (never the Hub)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
     if args.prompts:
