@@ -69,10 +69,15 @@ def test_drafts_read_the_root_on_the_native_and_pytorch_paths_alike(family):
     model = tiny_model(family, vocab=256)
     heads = heads_with_root(model)
     gen = ts.Generator(model, heads=heads)
+    if family == NATIVE_FAMILY:
+        native_stack_or_skip(gen)
     g = torch.Generator().manual_seed(4)
+    embeddings = model.get_input_embeddings().weight.detach()
     differ = 0
     for root in (1, 17, 200):
         hidden = torch.randn(1, model.config.hidden_size, generator=g)
+        want_input = heads.float().with_root(hidden, embeddings[root].float())  # the formula, as training computes it
+        assert torch.allclose(gen.heads_input(hidden, root).float(), want_input, rtol=1e-4, atol=1e-5)
         ids, probs = gen.head_drafts(hidden, 3, 3, root)
         logits = gen.run_heads(gen.heads_input(hidden, root), 3)[:, 0].float()  # (3, V)
         want = torch.topk(torch.softmax(logits, dim=-1), 3, dim=-1)
@@ -103,6 +108,65 @@ def test_tokenswift_with_root_input_heads_is_ar(family, settings, monkeypatch):
     assert result.stats["mean_accepted"] > 1.0
 
 
+@pytest.mark.parametrize("settings", [dict(tree="auto", penalty=1.3), dict(draft="fused", penalty=1.3),
+                                      dict(draft="paper", penalty=1.3, kv_mode="full")], ids=["auto", "fused", "paper"])
+def test_the_heads_read_the_token_after_their_hidden_states_position(settings, monkeypatch):
+    """fused and auto: the root is the last committed token; paper (and fused's first iteration): depth 1's top token
+    after the penalty, the token the heads' depths follow. Checked at every consult of a greedy run with a penalty."""
+    from test_lossless_greedy import eager_choose
+
+    from tokenswift.auto import AutoDrafter
+    from tokenswift.drafters import FixedTreeDrafter
+    from tokenswift.sampling import penalize_rows
+
+    monkeypatch.setattr("tokenswift.auto.choose", eager_choose)
+    model = tiny_model("llama-gqa", vocab=256, seed=11)
+    gen = ts.Generator(model, heads=heads_with_root(model))
+    calls, context = [], {}
+    for cls in (FixedTreeDrafter, AutoDrafter):
+        def propose(self, state, _original=cls.propose):
+            context["ids"] = list(state.ids)  # the committed tokens when the drafter proposes
+            return _original(self, state)
+        monkeypatch.setattr(cls, "propose", propose)
+    reads = gen.heads_input
+
+    def heads_input(hidden, root):
+        calls.append((hidden.detach().float().clone(), root, context["ids"]))
+        return reads(hidden, root)
+
+    monkeypatch.setattr(gen, "heads_input", heads_input)
+    s = ts.Settings(**settings)
+    prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    gen.generate(prompt, s, 200)
+    assert len(calls) >= 5, len(calls)
+    for i, (hidden, root, ids) in enumerate(calls):
+        if s.draft == "paper" and s.tree != "auto" and (s.kv_mode == "full" or i == 0):  # a draft forward's hidden
+            with torch.no_grad():
+                logits = model.lm_head(model.model.norm(hidden)).float()  # (1, V)
+            seen = torch.zeros_like(logits, dtype=torch.bool)
+            seen[0, ids[-s.penalty_window:]] = True
+            logits = penalize_rows(logits, seen, s.penalty)
+            assert float(logits[0, root]) >= float(logits.max()) - 1e-4, (i, root, int(logits.argmax()))
+        elif s.tree != "auto" and i == 0:  # fused's first iteration drafts from a draft forward, as the paper does
+            continue
+        else:
+            assert root == ids[-1], (i, root, ids[-3:])
+
+
+def test_head_rest_decays_its_yield_towards_what_consults_bring():
+    from tokenswift.auto import HEAD_YIELD_PRIOR, HeadRest
+
+    rest = HeadRest()
+    assert rest.count_consult() == pytest.approx(HEAD_YIELD_PRIOR[0] / HEAD_YIELD_PRIOR[1])
+    for _ in range(200):  # consults that bring nothing: the yield decays towards 0
+        rate = rest.count_consult()
+    assert rate < 0.01
+    for _ in range(200):  # one accepted head token per consult: towards 1
+        rest.tokens += 1
+        rate = rest.count_consult()
+    assert 0.9 < rate <= 1.0
+
+
 def _root_rule_selfgen(directory, rows=64, prompt=8, new=40, seed=0):
     """A selfgen batch whose text h0 at t cannot foresee: every other token is random (a sample), the token after it
     follows from it by a fixed rule. Only a head that reads the root (the token at t+1) can guess t+2 there."""
@@ -128,7 +192,7 @@ def test_self_distilled_heads_with_a_root_input_guess_what_follows_a_sampled_roo
         assert card["root_input"] is root_input and (heads.root_input is not None) is root_input
         top1[root_input] = card["held_out"]["all"]["top1"][0]
     # half the positions have a random root (32 ids), after which the rule decides t+2: read, about 0.5 + 0.5/32;
-    # unread, the plain head knows t+2 only where t+1 is the rule's (the other half: chance)
+    # unread, t+2 is chance everywhere (where the rule decides it, it follows a random token h0 cannot foresee)
     assert top1[True] > 0.45 and top1[True] > top1[False] + 0.25, top1
     loaded = ts.Heads.load(model, out.parent / "run-True" / "heads.safetensors")
     assert loaded.root_input is not None

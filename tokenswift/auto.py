@@ -68,11 +68,12 @@ HEAD_REST_LOG2 = 6  # unused heads are consulted at least every 2**6 iterations 
 HEAD_CHEAP_RATIO = 20  # a consult costing at most 1/20 of a one-row step is not backed off. Measured here (AMX host,
 #                        the page's story, greedy + penalty 1.2): SmolLM2-135M's consult 0.80 ms against a 27.7 ms
 #                        step, now every iteration: 1.20 -> 1.32 tokens per iteration, 1.09 -> 1.15x over 400 tokens;
-#                        the default model's 0.26 ms against 3.6 ms keeps the backoff
+#                        the default model's 0.26 ms against 3.6 ms keeps the backoff unless its heads pay (below)
 HEAD_PAY_MARGIN = 2.0  # nor are heads whose accepted tokens per consult, each worth about a step, repay a consult's
 #                        time this many times over (measured, SmolLM2-135M with heads that read the root, greedy +
 #                        penalty 1.2: a consult about 1.1 ms in the loop against a 21 ms step, just above 1/20, left
-#                        39 consults in 200 iterations; each consult yields about 0.2 accepted tokens)
+#                        39 consults in 200 iterations; each consult yields about 0.2-0.3 accepted tokens). While they
+#                        pay, the planner does not rest either: 1.28-1.48 -> 1.58-1.59 tokens per iteration (1K Emma)
 HEAD_YIELD_DECAY = 0.97  # the decay of that evidence per consult
 HEAD_YIELD_PRIOR = (0.5, 2.0)  # its start: 0.5 tokens in 2 consults (without it, heads never consulted never show a yield)
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
@@ -293,9 +294,10 @@ class HeadRest(Rest):
     (starting at HEAD_YIELD_PRIOR, so that heads not yet verified show a yield)."""
     tokens: float = HEAD_YIELD_PRIOR[0]
     consults: float = HEAD_YIELD_PRIOR[1]
+    paying: bool = False  # the last consult's verdict: its yield repays a consult HEAD_PAY_MARGIN times over
 
-    def per_consult(self) -> float:
-        """Accepted head tokens per consult, before this one is counted (which decays the evidence)."""
+    def count_consult(self) -> float:
+        """Count a consult (decaying the evidence); returns the accepted head tokens per consult before it."""
         rate = self.tokens / max(self.consults, 1.0)
         self.tokens, self.consults = self.tokens * HEAD_YIELD_DECAY, self.consults * HEAD_YIELD_DECAY + 1.0
         return rate
@@ -439,20 +441,22 @@ class AutoDrafter:
 
     def _rest(self, iteration: int, kept: bool, consult_s: float | None) -> None:
         """Plans that keep nothing in a row: after the second, the planner rests 1, 2, 4, ... then at most 32
-        iterations. Heads whose tokens are not accepted are consulted after 2, 4, 8, ... then every 64 iterations
-        (an accepted head token, seen after the verification, resets that), unless a consult is cheap against a
-        step (a large model's) or its accepted tokens repay it (HEAD_PAY_MARGIN): then every iteration, as its rates
-        are measured only where its nodes are verified."""
-        rest = self.planner_rest
-        rest.idle = 0 if kept else rest.idle + 1
-        rest.next = iteration + (2 ** min(rest.idle - 2, PLANNER_REST_LOG2) if rest.idle >= 2 else 1)
+        iterations, unless the heads pay (below). Heads whose tokens are not accepted are consulted after 2, 4, 8,
+        ... then every 64 iterations (an accepted head token, seen after the verification, resets that), unless a
+        consult is cheap against a step (a large model's) or its accepted tokens repay it (HEAD_PAY_MARGIN): then
+        every iteration, as its rates are measured only where its nodes are verified."""
+        heads = self.heads_rest
         if consult_s is not None:  # the heads were consulted, in consult_s seconds
-            heads = self.heads_rest
             heads.idle += 1
             step_s = self.costs.seconds[0] if self.costs.seconds else 0.0
-            paying = heads.per_consult() * step_s >= HEAD_PAY_MARGIN * consult_s
-            cheap = paying or consult_s * HEAD_CHEAP_RATIO <= step_s
+            planning_s = max(consult_s, self.costs.overhead)  # a consult, and the plan it keeps from resting
+            heads.paying = heads.count_consult() * step_s >= HEAD_PAY_MARGIN * planning_s
+            cheap = heads.paying or consult_s * HEAD_CHEAP_RATIO <= step_s
             heads.next = iteration + (1 if cheap else 2 ** min(heads.idle, HEAD_REST_LOG2))
+        rest = self.planner_rest
+        rest.idle = 0 if kept else rest.idle + 1
+        resting = rest.idle >= 2 and not heads.paying  # paying heads are worth a plan every iteration
+        rest.next = iteration + (2 ** min(rest.idle - 2, PLANNER_REST_LOG2) if resting else 1)
 
     def head_candidates(self, root: int) -> tuple[list[list[int]], list[list[float]]]:
         """Ranked tokens and their probabilities per depth: the raw heads over the drafting vocabulary (their rates
@@ -480,7 +484,7 @@ class AutoDrafter:
         if self.input is not None:
             self.input.keep(verdict.h, verdict.last_row)
         self.calibration.observe(proposal.expected, len(path))
-        from_heads = sum(tree.sources[n] == Source.HEAD for n in path)
+        from_heads = sum(any(kind[0] == Source.HEAD for kind in keys[n]) for n in path)  # merged proposals too
         if from_heads:
             self.heads_rest.idle, self.heads_rest.next = 0, state.iteration + 1
             self.heads_rest.tokens += from_heads

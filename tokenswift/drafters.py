@@ -196,7 +196,7 @@ class FixedTreeDrafter:
         paper: one forward of the last token over the partial cache; the base LM head proposes depth 1
         and extra head i depth i + 2. fused (after the first iteration): extra head i applied to the
         verification pass's hidden state at the last accepted node proposes depth i + 1. Heads with a root input
-        read the root (fused) or the base LM head's most likely token (paper: the token their depths follow)."""
+        read the root (fused) or depth 1's most likely token after the penalty (paper: the token their depths follow)."""
         hidden = self.input.hidden
         if hidden is not None:
             return self.gen.run_heads(self.gen.heads_input(hidden, state.ids[-1]), levels)[:, 0]  # (levels, V)
@@ -206,8 +206,11 @@ class FixedTreeDrafter:
         pos = torch.tensor([len(state.ids) - 1])
         h, _ = state.a.forward(torch.tensor([state.ids[-1]]), pos, cache, start)  # (1, H)
         rows = [state.a.logits(h)]
-        if levels > 1:
-            first = int(rows[0][0].argmax())
+        if levels > 1:  # the heads follow depth 1's top token, ranked as head_candidates ranks it (penalised)
+            first_row = rows[0].float()  # (1, V)
+            if self.s.penalty != 1.0:
+                first_row = penalize_rows(first_row, state.seen([[]]), self.s.penalty)
+            first = int(first_row[0].argmax())
             rows.append(self.gen.run_heads(self.gen.heads_input(h, first), levels - 1)[:, 0])  # (levels - 1, V)
         return torch.cat(rows)
 

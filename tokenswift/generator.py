@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import events as ev, gguf_blocks
@@ -19,7 +18,7 @@ from .backend import Backend
 from .codec import decode_ids, encode_text
 from .datastore import Datastore, find as find_datastore
 from .decode_loop import DecodeLoop
-from .heads import Heads, read_head_tensors, unit_rms
+from .heads import Heads, read_head_tensors, root_term
 from .kinds import Method
 from .lean import LeanHeads
 from .native import layers as native_layers, switches
@@ -131,16 +130,18 @@ class Generator:
         self._native_heads = native_layers.NativeHeads.build(self._lean_heads, lean.draft_head) if native else None
         self._root_u = None  # the heads' root input U in the dtype their input arrives in, or None
         if heads is not None and heads.root_input is not None:
-            self._root_u = heads.root_input.weight.detach().to(lean.compute_dtype if lean is not None else heads.root_input.weight.dtype)
+            u = heads.root_input.weight.detach()
+            self._root_u = u.to(lean.compute_dtype) if lean is not None else u
 
     def heads_input(self, hidden: torch.Tensor, root: int | None) -> torch.Tensor:
-        """hidden (1, H) at the last accepted node -> what the heads read: with a root input (tokenswift.heads),
-        hidden + U · unit_rms(embed(root)); root: the token the tree starts from. Else hidden itself."""
+        """hidden (1, H): the hidden state the heads start from -> what they read: with a root input (tokenswift.heads),
+        hidden + U · unit_rms(embed(root)), root the token after hidden's position (fused: the tree's root, the last
+        accepted token; paper: depth 1's top token). Else hidden itself."""
         u = self._root_u
         if u is None or root is None:
             return hidden
         row = self.adapter.inner.embed_tokens.weight[root].to(u.device)  # (H,)
-        return hidden + F.linear(unit_rms(row).to(u.dtype), u).to(device=hidden.device, dtype=hidden.dtype)
+        return hidden + root_term(u, row).to(device=hidden.device, dtype=hidden.dtype)
 
     def head_drafts(self, hidden: torch.Tensor, levels: int, k: int, root: int | None = None
                     ) -> tuple[list[list[int]], list[list[float]]]:

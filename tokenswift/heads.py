@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
-import torch.nn.functional as F
 from torch import nn
 
 OFFICIAL_PREFIX = "model.medusa_layers."
@@ -38,6 +38,12 @@ def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x (..., H) scaled to root-mean-square 1 along its last dimension: an embedding row as the root input reads it."""
     x = x.float()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def root_term(u: torch.Tensor, root_embedding: torch.Tensor) -> torch.Tensor:
+    """U (H, H), root_embedding (..., H) -> U · unit_rms(root_embedding) (..., H) in U's dtype: what the root adds to
+    the heads' input."""
+    return F.linear(unit_rms(root_embedding).to(u.dtype), u)
 
 
 class HeadBlock(nn.Module):
@@ -74,8 +80,7 @@ class Heads(nn.Module):
         what the head blocks read (h0 itself without a root input or without a root)."""
         if self.root_input is None or root_embedding is None:
             return h0
-        u = self.root_input.weight
-        return h0 + F.linear(unit_rms(root_embedding).to(u.dtype), u).to(h0.dtype)
+        return h0 + root_term(self.root_input.weight, root_embedding).to(h0.dtype)
 
     @property
     def num_heads(self) -> int:
@@ -235,10 +240,13 @@ def save_with_model(model: nn.Module, heads: Heads, tokenizer, directory: str | 
         metadata = f.metadata() or {}
         for key in f.keys():
             tensors[key] = f.get_tensor(key)
+    dtype = dtype or next(iter(tensors.values())).dtype  # the heads' weights in the model's dtype
     for key, value in heads.official_state_dict().items():
-        tensors[key] = value.to(dtype or next(iter(tensors.values())).dtype)
+        tensors[key] = value.to(dtype)
+    if heads.draft_vocab is not None:
+        tensors[DRAFT_VOCAB_KEY] = heads.draft_vocab.to(torch.int64).contiguous().cpu()
     if heads.root_input is not None:
-        tensors[ROOT_INPUT_KEY] = heads.root_input.weight.detach().contiguous().cpu()
+        tensors[ROOT_INPUT_KEY] = heads.root_input.weight.detach().to(dtype).contiguous().cpu()
     save_file(tensors, str(weights), metadata=metadata)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())

@@ -157,6 +157,8 @@ def train_heads(model_dir: str, out_dir: str, s: HeadsTrainSettings, corpus: str
 
     if s.init_heads:
         heads = Heads.load(model, s.init_heads).float().train()
+        if heads.root_input is not None:  # this path neither feeds nor trains it: U would no longer fit the blocks
+            raise ValueError(f"--init-heads {s.init_heads}: heads with a root input train with --selfgen only")
         if heads.num_heads != s.num_heads:
             raise ValueError(f"--init-heads has {heads.num_heads} heads, --num-heads is {s.num_heads}")
         print(f"warm start from the heads in {s.init_heads}")
@@ -236,9 +238,9 @@ def add_train_heads_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--coverage", type=float, default=0.95,
                    help="with --selfgen: the drafting vocabulary covers this share of the text's tokens")
     p.add_argument("--batch-positions", type=int, default=2048, help="with --selfgen: positions per step")
-    p.add_argument("--root-input", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --selfgen: the heads also read the token their tree starts from (tokenswift.heads; "
-                        "--no-root-input: the official heads alone)")
+    p.add_argument("--root-input", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --selfgen (on by default there): the heads also read the token their tree starts from "
+                        "(tokenswift.heads; --no-root-input: the official heads alone)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     for f in dataclasses.fields(HeadsTrainSettings):
         flag = "--" + f.name.replace("_", "-")
@@ -250,6 +252,9 @@ def add_train_heads_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.root_input and not args.selfgen:
+        raise ValueError("--root-input trains with --selfgen only (the corpus path trains the official heads alone)")
+    args.root_input = bool(args.selfgen) if args.root_input is None else args.root_input
     if args.selfgen:
         from .distill_heads import DistillSettings, distill_heads
 
