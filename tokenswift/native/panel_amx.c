@@ -61,7 +61,7 @@ static void configure(void) {
     tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = 0; i < 5; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    for (int i = 0; i < 8; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }  /* pairs of token passes use all 8 */
     /* not _tile_loadconfig: GCC 12's names only 8 bytes of the config as read, so the stores to the rest may be
        dropped (seen: a clone of the kernel loaded a configuration of garbage and faulted); this names all 64 */
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
@@ -110,32 +110,50 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, 
         int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
         split_rows(x + (size_t)g * AMX_TOKENS * k, a + (size_t)g * 16 * k, rows, k);
     }
-    float c[2][16 * 16] __attribute__((aligned(64)));
+    float c[4][16 * 16] __attribute__((aligned(64)));
     const int kb_count = k / 32;
     const size_t block = 16 * 32;  /* bfloat16 per B tile */
     configure();
     for (int nb = 0; nb < n / 16; nb += 2) {
         const uint16_t *b0 = w + (size_t)nb * kb_count * block, *b1 = b0 + (size_t)kb_count * block;
-        for (int g = 0; g < groups; g++) {
-            const uint16_t *ag = a + (size_t)g * 16 * k;
-            int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
+        /* two passes of tokens at a time share each pair of weight tiles (C tiles 0, 1 and 5, 6; A tiles 2 and 7):
+           the same products in the same order per C tile as one pass at a time, with a third fewer tile loads */
+        for (int g = 0; g < groups; g += 2) {
+            const int pair = g + 1 < groups;
+            const uint16_t *ag = a + (size_t)g * 16 * k, *ag2 = a + (size_t)(g + pair) * 16 * k;
             _tile_zero(0);
             _tile_zero(1);
+            if (pair) {
+                _tile_zero(5);
+                _tile_zero(6);
+            }
             for (int kb = 0; kb < kb_count; kb++) {
                 _tile_loadd(2, ag + kb * 32, k * 2);
                 _tile_loadd(3, b0 + kb * block, 64);
                 _tile_loadd(4, b1 + kb * block, 64);
                 _tile_dpbf16ps(0, 2, 3);
                 _tile_dpbf16ps(1, 2, 4);
+                if (pair) {
+                    _tile_loadd(7, ag2 + kb * 32, k * 2);
+                    _tile_dpbf16ps(5, 7, 3);
+                    _tile_dpbf16ps(6, 7, 4);
+                }
             }
             _tile_stored(0, c[0], 64);
             _tile_stored(1, c[1], 64);
-            for (int r = 0; r < rows; r++)
-                for (int h = 0; h < 2; h++) {
-                    const float *c1 = c[h] + (3 * r) * 16, *c2 = c1 + 16, *c3 = c2 + 16;
-                    float *out = y + (size_t)(g * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
-                    for (int j = 0; j < 16; j++) out[j] = (c1[j] + c2[j]) + c3[j];
-                }
+            if (pair) {
+                _tile_stored(5, c[2], 64);
+                _tile_stored(6, c[3], 64);
+            }
+            for (int p = 0; p <= pair; p++) {
+                const int gp = g + p, rows = m - gp * AMX_TOKENS < AMX_TOKENS ? m - gp * AMX_TOKENS : AMX_TOKENS;
+                for (int r = 0; r < rows; r++)
+                    for (int h = 0; h < 2; h++) {
+                        const float *c1 = c[2 * p + h] + (3 * r) * 16, *c2 = c1 + 16, *c3 = c2 + 16;
+                        float *out = y + (size_t)(gp * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
+                        for (int j = 0; j < 16; j++) out[j] = (c1[j] + c2[j]) + c3[j];
+                    }
+            }
         }
     }
     _tile_release();
@@ -236,36 +254,54 @@ static int blocks_amx(const float *x, const uint8_t *w, int format, float *y, in
         int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
         split_to_tiles(x + (size_t)g * AMX_TOKENS * k, bt + (size_t)g * 8 * k, rows, k);
     }
-    float c[2][16 * 16] __attribute__((aligned(64)));
+    float c[4][16 * 16] __attribute__((aligned(64)));
     configure();
     for (int kb = 0; kb < kb_count; kb++) rebuild_pair(w, format, k, 0, kb, blocks_n, strips);
     for (int nb = 0; nb < blocks_n; nb += 2) {
         const uint16_t *strip = strips + (size_t)((nb / 2) & 1) * strip_words;
         uint16_t *next = strips + (size_t)((nb / 2 + 1) & 1) * strip_words;
         int more = nb + 2 < blocks_n;
-        for (int g = 0; g < groups; g++) {
-            int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
-            const uint32_t *bg = bt + (size_t)g * 8 * k;
+        /* two passes of tokens at a time share each pair of A tiles (C tiles 0, 1 and 5, 6; B tiles 2 and 7): the
+           same products in the same order per C tile as one pass at a time, with a third fewer tile loads */
+        for (int g = 0; g < groups; g += 2) {
+            const int pair = g + 1 < groups;
+            const uint32_t *bg = bt + (size_t)g * 8 * k, *bg2 = bt + (size_t)(g + pair) * 8 * k;
             _tile_zero(0);
             _tile_zero(1);
+            if (pair) {
+                _tile_zero(5);
+                _tile_zero(6);
+            }
             for (int kb = 0; kb < kb_count; kb++) {
                 _tile_loadd(2, bg + (size_t)kb * 256, 64);
                 _tile_loadd(3, strip + (size_t)kb * 512, 64);
                 _tile_loadd(4, strip + ((size_t)kb_count + kb) * 512, 64);
                 _tile_dpbf16ps(0, 3, 2);
                 _tile_dpbf16ps(1, 4, 2);
+                if (pair) {
+                    _tile_loadd(7, bg2 + (size_t)kb * 256, 64);
+                    _tile_dpbf16ps(5, 3, 7);
+                    _tile_dpbf16ps(6, 4, 7);
+                }
                 if (g == 0 && more) rebuild_pair(w, format, k, nb + 2, kb, blocks_n, next);
             }
             _tile_stored(0, c[0], 64);
             _tile_stored(1, c[1], 64);
-            for (int r = 0; r < rows; r++)
-                for (int h = 0; h < 2; h++) {
-                    float *out = y + (size_t)(g * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
-                    for (int i = 0; i < 16; i++) {
-                        const float *ci = c[h] + i * 16 + 3 * r;
-                        out[i] = (ci[0] + ci[1]) + ci[2];
+            if (pair) {
+                _tile_stored(5, c[2], 64);
+                _tile_stored(6, c[3], 64);
+            }
+            for (int p = 0; p <= pair; p++) {
+                const int gp = g + p, rows = m - gp * AMX_TOKENS < AMX_TOKENS ? m - gp * AMX_TOKENS : AMX_TOKENS;
+                for (int r = 0; r < rows; r++)
+                    for (int h = 0; h < 2; h++) {
+                        float *out = y + (size_t)(gp * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
+                        for (int i = 0; i < 16; i++) {
+                            const float *ci = c[2 * p + h] + i * 16 + 3 * r;
+                            out[i] = (ci[0] + ci[1]) + ci[2];
+                        }
                     }
-                }
+            }
         }
     }
     _tile_release();
