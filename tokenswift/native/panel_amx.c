@@ -96,6 +96,48 @@ static void split_rows(const float *x, uint16_t *a, int m, int k) {
     }
 }
 
+/* Tokens in pass g of m rows (AMX_TOKENS per pass, the last one the rest). */
+static inline int tokens_in_pass(int m, int g) {
+    return m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
+}
+
+/* Zero the C tiles of one pass (0, 1), or of a pair of passes (0, 1 and 5, 6). */
+static inline void zero_c_tiles(int pair) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (pair) {
+        _tile_zero(5);
+        _tile_zero(6);
+    }
+}
+
+/* Store the C tiles of one pass (0, 1), or of a pair of passes (0, 1 and 5, 6), into c. */
+static inline void store_c_tiles(float c[4][16 * 16], int pair) {
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (pair) {
+        _tile_stored(5, c[2], 64);
+        _tile_stored(6, c[3], 64);
+    }
+}
+
+/* y's outputs nb * 16 .. nb * 16 + 31 for the tokens of passes g (and g + 1 with pair) from their C tiles: output i
+   of split row s at c[..] + i * out_stride + s * split_stride; a token's three split rows summed (x1 + x2) + x3. */
+static inline void write_passes(float c[4][16 * 16], float *y, int m, int n, int g, int pair, int nb,
+                                int out_stride, int split_stride) {
+    for (int p = 0; p <= pair; p++) {
+        const int rows = tokens_in_pass(m, g + p);
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < 2; h++) {
+                float *out = y + (size_t)((g + p) * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
+                for (int i = 0; i < 16; i++) {
+                    const float *ci = c[2 * p + h] + i * out_stride + 3 * r * split_stride;
+                    out[i] = (ci[0] + ci[split_stride]) + ci[2 * split_stride];
+                }
+            }
+    }
+}
+
 /* x: (m, k) float32 row-major; w: packed as above; y: (m, n) float32; scratch: panel_amx_scratch(m, k) bytes.
    Returns 0, KERNEL_BAD_ARGUMENTS for sizes it does not handle, KERNEL_SMALL_SCRATCH or KERNEL_NO_TILES. The
    columns are the outer loop, so that the passes of more than AMX_TOKENS rows find a block's weights in the
@@ -107,8 +149,7 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, 
     const int groups = (m + AMX_TOKENS - 1) / AMX_TOKENS;
     uint16_t *a = (uint16_t *)scratch;
     for (int g = 0; g < groups; g++) {
-        int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
-        split_rows(x + (size_t)g * AMX_TOKENS * k, a + (size_t)g * 16 * k, rows, k);
+        split_rows(x + (size_t)g * AMX_TOKENS * k, a + (size_t)g * 16 * k, tokens_in_pass(m, g), k);
     }
     float c[4][16 * 16] __attribute__((aligned(64)));
     const int kb_count = k / 32;
@@ -121,12 +162,7 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, 
         for (int g = 0; g < groups; g += 2) {
             const int pair = g + 1 < groups;
             const uint16_t *ag = a + (size_t)g * 16 * k, *ag2 = a + (size_t)(g + pair) * 16 * k;
-            _tile_zero(0);
-            _tile_zero(1);
-            if (pair) {
-                _tile_zero(5);
-                _tile_zero(6);
-            }
+            zero_c_tiles(pair);
             for (int kb = 0; kb < kb_count; kb++) {
                 _tile_loadd(2, ag + kb * 32, k * 2);
                 _tile_loadd(3, b0 + kb * block, 64);
@@ -139,21 +175,8 @@ int panel_amx(const float *x, const uint16_t *w, float *y, int m, int k, int n, 
                     _tile_dpbf16ps(6, 7, 4);
                 }
             }
-            _tile_stored(0, c[0], 64);
-            _tile_stored(1, c[1], 64);
-            if (pair) {
-                _tile_stored(5, c[2], 64);
-                _tile_stored(6, c[3], 64);
-            }
-            for (int p = 0; p <= pair; p++) {
-                const int gp = g + p, rows = m - gp * AMX_TOKENS < AMX_TOKENS ? m - gp * AMX_TOKENS : AMX_TOKENS;
-                for (int r = 0; r < rows; r++)
-                    for (int h = 0; h < 2; h++) {
-                        const float *c1 = c[2 * p + h] + (3 * r) * 16, *c2 = c1 + 16, *c3 = c2 + 16;
-                        float *out = y + (size_t)(gp * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
-                        for (int j = 0; j < 16; j++) out[j] = (c1[j] + c2[j]) + c3[j];
-                    }
-            }
+            store_c_tiles(c, pair);
+            write_passes(c, y, m, n, g, pair, nb, 1, 16);  /* C: split rows by outputs */
         }
     }
     _tile_release();
@@ -251,8 +274,7 @@ static int blocks_amx(const float *x, const uint8_t *w, int format, float *y, in
     uint16_t *strips = (uint16_t *)((char *)scratch + panel_amx_scratch(m, k));  /* two of [2][kb][16 rows][32] */
     const size_t strip_words = (size_t)2 * kb_count * 16 * 32;
     for (int g = 0; g < groups; g++) {
-        int rows = m - g * AMX_TOKENS < AMX_TOKENS ? m - g * AMX_TOKENS : AMX_TOKENS;
-        split_to_tiles(x + (size_t)g * AMX_TOKENS * k, bt + (size_t)g * 8 * k, rows, k);
+        split_to_tiles(x + (size_t)g * AMX_TOKENS * k, bt + (size_t)g * 8 * k, tokens_in_pass(m, g), k);
     }
     float c[4][16 * 16] __attribute__((aligned(64)));
     configure();
@@ -266,12 +288,7 @@ static int blocks_amx(const float *x, const uint8_t *w, int format, float *y, in
         for (int g = 0; g < groups; g += 2) {
             const int pair = g + 1 < groups;
             const uint32_t *bg = bt + (size_t)g * 8 * k, *bg2 = bt + (size_t)(g + pair) * 8 * k;
-            _tile_zero(0);
-            _tile_zero(1);
-            if (pair) {
-                _tile_zero(5);
-                _tile_zero(6);
-            }
+            zero_c_tiles(pair);
             for (int kb = 0; kb < kb_count; kb++) {
                 _tile_loadd(2, bg + (size_t)kb * 256, 64);
                 _tile_loadd(3, strip + (size_t)kb * 512, 64);
@@ -285,23 +302,8 @@ static int blocks_amx(const float *x, const uint8_t *w, int format, float *y, in
                 }
                 if (g == 0 && more) rebuild_pair(w, format, k, nb + 2, kb, blocks_n, next);
             }
-            _tile_stored(0, c[0], 64);
-            _tile_stored(1, c[1], 64);
-            if (pair) {
-                _tile_stored(5, c[2], 64);
-                _tile_stored(6, c[3], 64);
-            }
-            for (int p = 0; p <= pair; p++) {
-                const int gp = g + p, rows = m - gp * AMX_TOKENS < AMX_TOKENS ? m - gp * AMX_TOKENS : AMX_TOKENS;
-                for (int r = 0; r < rows; r++)
-                    for (int h = 0; h < 2; h++) {
-                        float *out = y + (size_t)(gp * AMX_TOKENS + r) * n + (size_t)(nb + h) * 16;
-                        for (int i = 0; i < 16; i++) {
-                            const float *ci = c[2 * p + h] + i * 16 + 3 * r;
-                            out[i] = (ci[0] + ci[1]) + ci[2];
-                        }
-                    }
-            }
+            store_c_tiles(c, pair);
+            write_passes(c, y, m, n, g, pair, nb, 16, 1);  /* C: outputs by split rows */
         }
     }
     _tile_release();

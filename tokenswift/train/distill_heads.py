@@ -172,13 +172,14 @@ def drafting_vocabulary(labels: torch.Tensor, vocab_size: int, s: DistillSetting
 
 
 class RootEmbeddings:
-    """The embedding rows of the cached positions' roots, looked up per batch: (positions,) -> (M, H) float32."""
+    """The embedding rows of the cached positions' roots, looked up per batch: (positions,) -> (M, H) float32, or
+    None for heads without a root input (tokens None)."""
 
-    def __init__(self, table: torch.Tensor, tokens: torch.Tensor) -> None:
+    def __init__(self, table: torch.Tensor, tokens: torch.Tensor | None) -> None:
         self.table, self.tokens = table, tokens
 
-    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.table[self.tokens[idx]].float()
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor | None:
+        return None if self.tokens is None else self.table[self.tokens[idx]].float()
 
 
 def head_logits(heads: Heads, lm_rows: torch.Tensor, h0: torch.Tensor, root_embedding: torch.Tensor | None = None
@@ -191,7 +192,7 @@ def head_logits(heads: Heads, lm_rows: torch.Tensor, h0: torch.Tensor, root_embe
 
 @torch.no_grad()
 def evaluate(heads: Heads, lm_rows: torch.Tensor, feats: Features, select: torch.Tensor, to_local: torch.Tensor,
-             vocab: torch.Tensor, roots: "RootEmbeddings | None" = None) -> dict:
+             vocab: torch.Tensor, roots: RootEmbeddings) -> dict:
     """Per head top-1 / top-3 over the selected positions (an id outside the drafting vocabulary is a miss), and
     the mean tokens a chain of top-1 drafts adds per iteration when the base token is right (consecutive hits)."""
     K = heads.num_heads
@@ -202,7 +203,7 @@ def evaluate(heads: Heads, lm_rows: torch.Tensor, feats: Features, select: torch
     count = 0
     for b in range(0, select.numel(), 4096):
         idx = select[b : b + 4096]
-        logits = head_logits(heads, lm_rows, feats.hidden[idx].float(), roots(idx) if roots else None)  # (K, M, V')
+        logits = head_logits(heads, lm_rows, feats.hidden[idx].float(), roots(idx))  # (K, M, V')
         top3 = vocab[torch.topk(logits, 3, dim=-1).indices]  # (K, M, 3) token ids
         labels = feats.labels[idx].T  # (K, M)
         valid = labels >= 0
@@ -253,10 +254,10 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
     local_labels = torch.where(feats.labels >= 0, to_local[feats.labels.clamp(min=0)], torch.full_like(feats.labels, -1))
 
     heads = Heads.init(model, s.num_heads).float().train()
-    roots = None
     if s.root_input:
         heads.add_root_input()
-        roots = RootEmbeddings(model.get_input_embeddings().weight.detach(), root_tokens(rows, feats.row))
+    roots = RootEmbeddings(model.get_input_embeddings().weight.detach(),
+                           root_tokens(rows, feats.row) if s.root_input else None)
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     log = (out / "heads_log.jsonl").open("a")
     gen = torch.Generator().manual_seed(s.seed)
@@ -272,7 +273,7 @@ def distill_heads(model_dir: str, selfgen_dirs: list[str], out_dir: str, s: Dist
         for group in opt.param_groups:
             group["lr"] = lr
         idx = train_idx[torch.randint(0, train_idx.numel(), (s.batch_positions,), generator=gen)]
-        logits = head_logits(heads, lm_rows, feats.hidden[idx].float(), roots(idx) if roots else None)  # (K, M, V')
+        logits = head_logits(heads, lm_rows, feats.hidden[idx].float(), roots(idx))  # (K, M, V')
         target = local_labels[idx].T  # (K, M), -1: outside the vocabulary or past the row
         losses = [F.cross_entropy(logits[k], target[k], ignore_index=-1) for k in range(s.num_heads)]
         loss = sum(losses) / s.num_heads
