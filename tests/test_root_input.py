@@ -167,6 +167,16 @@ def test_head_rest_decays_its_yield_towards_what_consults_bring():
     assert 0.9 < rate <= 1.0
 
 
+def test_a_consults_yield_counts_only_tokens_no_other_source_proposed():
+    from tokenswift.auto import head_tokens
+    from tokenswift.kinds import Source
+
+    keys = [[], [(Source.HEAD, 0)], [(Source.HEAD, 1), (Source.SUFFIX, 0)], [(Source.SUFFIX, 1)], [(Source.HEAD, 2)]]
+    assert head_tokens(keys, [1, 2, 3]) == (2, 1)
+    assert head_tokens(keys, [3]) == (0, 0)
+    assert head_tokens(keys, [2, 4]) == (2, 1)
+
+
 def _root_rule_selfgen(directory, rows=64, prompt=8, new=40, seed=0):
     """A selfgen batch whose text h0 at t cannot foresee: every other token is random (a sample), the token after it
     follows from it by a fixed rule. Only a head that reads the root (the token at t+1) can guess t+2 there."""

@@ -303,6 +303,20 @@ class HeadRest(Rest):
         return rate
 
 
+def head_tokens(keys: list[list], path: list[int]) -> tuple[int, int]:
+    """Accepted nodes (`path`) the heads proposed: (with or without another source, only the heads). A consult's
+    yield counts the second: a token another source offered too would have been verified without the heads
+    (measured, default model, greedy + penalty 1.2: 32 head-only and 78 merged tokens in 372 consults; counting the
+    merged ones kept its heads 'paying' and its planner from resting, 1.32x -> 1.15x; SmolLM2-135M: 129 and 175 in
+    631 consults, its heads still pay)."""
+    helped = only = 0
+    for n in path:
+        heads = [kind[0] == Source.HEAD for kind in keys[n]]
+        helped += any(heads)
+        only += bool(heads) and all(heads)
+    return helped, only
+
+
 class AutoDrafter:
     """`tree="auto"`: every proposal (suffix match, datastore, fused heads, 4-grams) in one candidate trie, each node
     rated by its kind's measured acceptance, pruned to the best expected tokens per second (`choose`); drafting
@@ -484,10 +498,10 @@ class AutoDrafter:
         if self.input is not None:
             self.input.keep(verdict.h, verdict.last_row)
         self.calibration.observe(proposal.expected, len(path))
-        from_heads = sum(any(kind[0] == Source.HEAD for kind in keys[n]) for n in path)  # merged proposals too
-        if from_heads:
+        helped, only = head_tokens(keys, path)
+        if helped:  # merged proposals too: the heads are consulted again next iteration
             self.heads_rest.idle, self.heads_rest.next = 0, state.iteration + 1
-            self.heads_rest.tokens += from_heads
+        self.heads_rest.tokens += only
         on_path = set(path)
         for visited in [0] + path:
             for child in tree.children[visited].values():
