@@ -99,4 +99,4 @@ def test_a_malformed_isa_stops_the_app_at_start_with_one_line():
     env = {**os.environ, switches.ISA_ENV: "avx9", "GRADIO_SERVER_PORT": "1"}
     done = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert done.stderr.strip() == "error: TOKENSWIFT_ISA='avx9': expected one of native, amx, avx512, avx2"
+    assert done.stderr.strip() == "error: TOKENSWIFT_ISA='avx9': expected one of native, amx, avx512bf16, avx512, avx2"

@@ -592,7 +592,7 @@ def test_a_transient_build_failure_is_not_remembered(tmp_path, body):
 def test_a_better_variant_that_does_not_build_leaves_the_next_one(tmp_path):
     """Where the best variant this CPU runs does not build (a compiler without -mamx-tile, say), the next one
     loads, in this process and, without a second try at the refused one, in the next."""
-    best = next(v for v in build.VARIANTS.values() if v.cpu <= build.cpu_flags())
+    best = next(v for v in build.VARIANTS.values() if v.cpu <= build.cpu_flags() and not v.opt_in)
     if best.name == "avx2":
         pytest.skip("this CPU's best variant is the last one")
     refused = best.flags[-1]
@@ -610,7 +610,7 @@ def test_an_unknown_kernel_variant_is_refused():
     done = subprocess.run([sys.executable, "-c", "from tokenswift.native import panels; panels.available()"],
                           cwd=ROOT, env={**os.environ, "TOKENSWIFT_ISA": "avx9"}, capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode != 0 and "TOKENSWIFT_ISA='avx9': expected one of native, amx, avx512, avx2" in done.stderr
+    assert done.returncode != 0 and "TOKENSWIFT_ISA='avx9': expected one of native, amx, avx512bf16, avx512, avx2" in done.stderr
 
 
 @needs_panels
@@ -669,7 +669,8 @@ def test_the_kernel_variant_is_described_in_one_line():
 # Variants of the kernels this CPU can run besides its native build: each reruns this file in a fresh process,
 # where the forced variant's libraries are built (cached apart from the native ones) and self-checked.
 VARIANT_ENV = "TOKENSWIFT_TEST_VARIANT"  # set in those processes: they do not start variants again
-FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512-without-amx": {"TOKENSWIFT_ISA": "avx512"}}
+FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512-without-amx": {"TOKENSWIFT_ISA": "avx512"},
+                   "avx512bf16": {"TOKENSWIFT_ISA": "avx512bf16"}}  # the last one opt-in: never native
 
 
 def variant_unavailable(name: str) -> str:
@@ -690,6 +691,8 @@ def variant_unavailable(name: str) -> str:
             return "this CPU has no AVX-512"
         if loaded is None or loaded.name != "amx":
             return "this run's kernels are not the AMX build: the AVX-512 build is this run's or out of reach"
+    if name == "avx512bf16" and not build.VARIANTS["avx512bf16"].cpu <= flags:
+        return "this CPU has no AVX-512 BF16"
     return ""
 
 

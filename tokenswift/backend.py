@@ -34,7 +34,7 @@ KERNELS = {
 class Backend:
     switches: Switches
     why_not: dict[str, str] = field(default_factory=dict)  # kernel family -> why it does not serve ("" where it does)
-    variant: str | None = None  # the kernel library's variant ("amx", "avx512", "avx2"), None without one
+    variant: str | None = None  # the kernel library's variant ("amx", "avx512bf16", "avx512", "avx2"), None without one
     cpu: str = ""
 
     def serves(self, kernel: str) -> bool:

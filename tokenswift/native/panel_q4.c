@@ -9,7 +9,15 @@
    row's result depends on that row and W alone, the same sums in the same order for any number of rows: a row of
    a many-row call is bitwise the one-row call. (The sums run in another order than panel_mm's, so the results are
    W's products to float32 rounding, not bitwise panel_bf16's.) The next strip's groups are prefetched while one
-   is rebuilt. Measured against the bfloat16 panels in docs/performance.md. */
+   is rebuilt. Measured against the bfloat16 panels in docs/performance.md.
+
+   With AVX-512 BF16 (build.py's avx512bf16 and amx variants) no strip is written: a group's row is rebuilt in
+   registers as its 32 bfloat16 values (q4_row_bf16: the table rounded by one conversion instruction, where the
+   float32 lanes need five integer operations, and looked up 32 at a time), widened to float32 by two unpacks
+   (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's blocks are put in that
+   order once per call, order_inputs), and multiplied there with float32 multiply-adds by up to four rows of x.
+   Each output still has one accumulator, taking each block's two halves in turn, in the same order for any
+   number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>
 #include <stdint.h>
 #include <immintrin.h>
@@ -46,6 +54,143 @@ static inline float q4v_sum(__m256 a) {
 }
 #endif
 
+static int q4_shape_ok(int m, int k, int n) {
+    return m >= 0 && k >= Q4_K && k % Q4_K == 0 && n >= Q4_ROWS && n % Q4_ROWS == 0;
+}
+
+#if defined(__AVX512BF16__)
+/* x's m rows with each block of 32 inputs reordered as the weights come out of widen_lo / widen_hi:
+   [row][k / 32][32], the first 16 the inputs of widen_lo's lanes, the last 16 widen_hi's. */
+static void order_inputs(const float *x, float *xo, int m, int k) {
+    for (int r = 0; r < m; r++)
+        for (int b = 0; b < k; b += Q4_K) {
+            const float *in = x + (size_t)r * k + b;
+            float *out = xo + (size_t)r * k + b;
+            for (int lane = 0; lane < 4; lane++)
+                for (int j = 0; j < 4; j++) {
+                    out[4 * lane + j] = in[8 * lane + j];
+                    out[16 + 4 * lane + j] = in[8 * lane + 4 + j];
+                }
+        }
+}
+
+/* The float32 values of bfloat16 words 0-3 (lo) or 4-7 (hi) of each 128-bit lane of v: one unpack each. */
+static inline __m512 widen_lo(__m512i v) { return _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), v)); }
+static inline __m512 widen_hi(__m512i v) { return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), v)); }
+
+/* acc plus one rebuilt row (its 32 bfloat16 values, input order) times one block of reordered x. */
+static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
+    acc = _mm512_fmadd_ps(widen_lo(row), _mm512_loadu_ps(xo), acc);
+    return _mm512_fmadd_ps(widen_hi(row), _mm512_loadu_ps(xo + 16), acc);
+}
+
+/* The groups of strip nb, block kb: its address, the next strip's prefetched (on the first chunk of outputs), its
+   scales. Named accumulators below, not arrays: GCC keeps an array of vectors in memory, and q4_scales' memory
+   barrier then reloads it per block. */
+#define LOOKUP_GROUP(c0)                                                                                \
+    const uint8_t *group = q4_group(w, k, nb, kb);                                                      \
+    if ((c0) == 0 && nb + 1 < strips)                                                                   \
+        for (long b = 0; b < Q4_GROUP_BYTES; b += 64)                                                   \
+            _mm_prefetch((const char *)group + (long)blocks * Q4_GROUP_BYTES + b, _MM_HINT_T0);         \
+    float d[16], m[16];                                                                                 \
+    q4_scales(group, d, m)
+
+/* One row of reordered x over strip nb's 16 outputs, 8 at a time: y[nb * 16 ..]. */
+static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
+    (void)n;
+    const int blocks = k / Q4_K;
+    for (int c0 = 0; c0 < Q4_ROWS; c0 += 8) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int kb = 0; kb < blocks; kb++) {
+            LOOKUP_GROUP(c0);
+            const float *x0 = xo + (size_t)kb * Q4_K;
+            a0 = dot_block(a0, q4_row_bf16(group, d, m, c0 + 0), x0);
+            a1 = dot_block(a1, q4_row_bf16(group, d, m, c0 + 1), x0);
+            a2 = dot_block(a2, q4_row_bf16(group, d, m, c0 + 2), x0);
+            a3 = dot_block(a3, q4_row_bf16(group, d, m, c0 + 3), x0);
+            a4 = dot_block(a4, q4_row_bf16(group, d, m, c0 + 4), x0);
+            a5 = dot_block(a5, q4_row_bf16(group, d, m, c0 + 5), x0);
+            a6 = dot_block(a6, q4_row_bf16(group, d, m, c0 + 6), x0);
+            a7 = dot_block(a7, q4_row_bf16(group, d, m, c0 + 7), x0);
+        }
+        float *out = y + (size_t)nb * Q4_ROWS + c0;
+        out[0] = q4v_sum(a0), out[1] = q4v_sum(a1), out[2] = q4v_sum(a2), out[3] = q4v_sum(a3);
+        out[4] = q4v_sum(a4), out[5] = q4v_sum(a5), out[6] = q4v_sum(a6), out[7] = q4v_sum(a7);
+    }
+}
+
+/* Two rows over strip nb's 16 outputs, 4 at a time, each rebuilt row serving both: y[r * n + nb * 16 ..]. */
+static void q4_lookup_pass2(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
+    const int blocks = k / Q4_K;
+    for (int c0 = 0; c0 < Q4_ROWS; c0 += 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int kb = 0; kb < blocks; kb++) {
+            LOOKUP_GROUP(c0);
+            const float *x0 = xo + (size_t)kb * Q4_K, *x1 = x0 + k;
+            __m512i row = q4_row_bf16(group, d, m, c0 + 0);
+            a0 = dot_block(a0, row, x0), b0 = dot_block(b0, row, x1);
+            row = q4_row_bf16(group, d, m, c0 + 1);
+            a1 = dot_block(a1, row, x0), b1 = dot_block(b1, row, x1);
+            row = q4_row_bf16(group, d, m, c0 + 2);
+            a2 = dot_block(a2, row, x0), b2 = dot_block(b2, row, x1);
+            row = q4_row_bf16(group, d, m, c0 + 3);
+            a3 = dot_block(a3, row, x0), b3 = dot_block(b3, row, x1);
+        }
+        float *out = y + (size_t)nb * Q4_ROWS + c0, *out1 = out + n;
+        out[0] = q4v_sum(a0), out[1] = q4v_sum(a1), out[2] = q4v_sum(a2), out[3] = q4v_sum(a3);
+        out1[0] = q4v_sum(b0), out1[1] = q4v_sum(b1), out1[2] = q4v_sum(b2), out1[3] = q4v_sum(b3);
+    }
+}
+
+/* Four rows over strip nb's 16 outputs, 2 at a time. */
+static void q4_lookup_pass4(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
+    const int blocks = k / Q4_K;
+    for (int c0 = 0; c0 < Q4_ROWS; c0 += 2) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0v = a0, c1v = a0, e0 = a0, e1 = a0;
+        for (int kb = 0; kb < blocks; kb++) {
+            LOOKUP_GROUP(c0);
+            const float *x0 = xo + (size_t)kb * Q4_K, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
+            __m512i row = q4_row_bf16(group, d, m, c0 + 0);
+            a0 = dot_block(a0, row, x0), b0 = dot_block(b0, row, x1);
+            c0v = dot_block(c0v, row, x2), e0 = dot_block(e0, row, x3);
+            row = q4_row_bf16(group, d, m, c0 + 1);
+            a1 = dot_block(a1, row, x0), b1 = dot_block(b1, row, x1);
+            c1v = dot_block(c1v, row, x2), e1 = dot_block(e1, row, x3);
+        }
+        float *out = y + (size_t)nb * Q4_ROWS + c0;
+        out[0] = q4v_sum(a0), out[1] = q4v_sum(a1);
+        out[n] = q4v_sum(b0), out[n + 1] = q4v_sum(b1);
+        out[2 * (size_t)n] = q4v_sum(c0v), out[2 * (size_t)n + 1] = q4v_sum(c1v);
+        out[3 * (size_t)n] = q4v_sum(e0), out[3 * (size_t)n + 1] = q4v_sum(e1);
+    }
+}
+
+long panel_q4_scratch(int m, int k) {
+    return k < 1 ? 0 : (long)(m < 1 ? 1 : m) * k * (long)sizeof(float);
+}
+
+/* x (m, k) row-major; w: groups as in q4_blocks.h; y (m, n) row-major; scratch: panel_q4_scratch(m, k) bytes.
+   Returns 0, KERNEL_BAD_ARGUMENTS (k not a multiple of 32, n not of 16) or KERNEL_SMALL_SCRATCH. */
+int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
+    if (!q4_shape_ok(m, k, n)) return KERNEL_BAD_ARGUMENTS;
+    if (scratch == NULL || scratch_bytes < panel_q4_scratch(m, k)) return KERNEL_SMALL_SCRATCH;
+    float *xo = (float *)scratch;
+    order_inputs(x, xo, m, k);
+    const int strips = n / Q4_ROWS;
+    for (int nb = 0; nb < strips; nb++)
+        for (int done = 0; done < m;) {
+            int rows = m - done >= 4 ? 4 : m - done >= 2 ? 2 : 1;
+            const float *xr = xo + (size_t)done * k;
+            float *yr = y + (size_t)done * n;
+            if (rows == 4) q4_lookup_pass4(w, k, nb, strips, xr, yr, n);
+            else if (rows == 2) q4_lookup_pass2(w, k, nb, strips, xr, yr, n);
+            else q4_lookup_pass1(w, k, nb, strips, xr, yr, n);
+            done += rows;
+        }
+    return 0;
+}
+
+#else
 /* R rows of x (R, k) over a rebuilt strip (16, k): y[r][c] for the strip's 16 outputs (y's row stride n). */
 #define DEFINE_PASS(R)                                                                                 \
 static void q4_pass##R(const float *x, const float *strip, float *y, int k, int n) {                \
@@ -84,10 +229,6 @@ static void rebuild_strip(const uint8_t *w, int k, int nb, int strips, float *st
     }
 }
 
-static int q4_shape_ok(int m, int k, int n) {
-    return m >= 0 && k >= Q4_K && k % Q4_K == 0 && n >= Q4_ROWS && n % Q4_ROWS == 0;
-}
-
 long panel_q4_scratch(int m, int k) {
     (void)m;
     return k < 1 ? 0 : (long)Q4_ROWS * k * (long)sizeof(float);
@@ -116,6 +257,8 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
     }
     return 0;
 }
+
+#endif
 
 /* W's float32 values (n, k) row-major, as the kernels rebuild them (the self-check's). 0 or KERNEL_BAD_ARGUMENTS. */
 int q4_dequantize(const uint8_t *w, int n, int k, float *out) {

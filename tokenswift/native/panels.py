@@ -119,7 +119,8 @@ def why_unavailable() -> str:
 
 
 def isa() -> str | None:
-    """The variant of the library the panel kernels come from ("amx", "avx512" or "avx2"), or None without them."""
+    """The variant of the library the panel kernels come from ("amx", "avx512bf16", "avx512" or "avx2"), or None
+    without them."""
     return build.loaded_variant().name if available() else None
 
 

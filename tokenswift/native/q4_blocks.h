@@ -8,8 +8,8 @@
    on AMX tiles only, in panel_amx.c: in float32 lanes it cost more than streaming its bfloat16.)
 
    Exactness: a value is rebuilt with the operations the converter used (gguf's dequantization: float32 d times q,
-   then plus m, each rounded), then rounded to bfloat16 to nearest even (PyTorch's conversion), in float32 lanes.
-   -ffp-contract=off (build.py) keeps the multiply and the add apart. tokenswift/gguf_blocks.py refuses blocks
+   then plus m, each rounded; the multiply is exact, so one fused multiply-add gives the same value), then rounded
+   to bfloat16 to nearest even (PyTorch's conversion), in float32 lanes. tokenswift/gguf_blocks.py refuses blocks
    whose values differ from the model's weights in any bit, and panels.py's self-check holds these functions to
    gguf_blocks' values, so a product over the blocks is a product over the model's own weights.
 
@@ -20,7 +20,7 @@
    shifted lane by lane put every input's code at the bottom of its lane, in input order.
 
    A row's 16 possible values are computed once (one register: d * c + m for c = 0..15) and looked up per input,
-   so the cost per 32 weights is a multiply, an add, a conversion, a shift and a lookup. */
+   so the cost per 32 weights is a multiply-add, a conversion, a shift and a lookup. */
 #ifndef TOKENSWIFT_Q4_BLOCKS_H
 #define TOKENSWIFT_Q4_BLOCKS_H
 #include <stddef.h>
@@ -53,9 +53,11 @@ static inline void q4_scales(const uint8_t *group, float *d, float *m) {
     __asm__ volatile("" ::: "memory");
 }
 
+/* Row i's 16 values d * c + m, c = 0..15, in float32. One fused multiply-add is the converter's multiply, then add:
+   d (a float16: 11 significant bits) times c (4 bits) is exact in float32, so only the add rounds either way. */
 static inline __m512 q4_table(const float *d, const float *m, int i) {
     const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(d[i]), codes), _mm512_set1_ps(m[i]));
+    return _mm512_fmadd_ps(_mm512_set1_ps(d[i]), codes, _mm512_set1_ps(m[i]));
 }
 
 /* Row i of a group into out[0..31] as float32: dword lanes 0..7 and 8..15 both hold words 0..7, shifted by 0 / 4
