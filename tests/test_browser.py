@@ -383,7 +383,8 @@ def test_each_lesson_runs_from_one_click(page):
             shot(page, f"7-lesson-{k}-running")
             if not status_text(page).startswith("Done"):
                 page.click("#stop-btn")
-            status = wait_status(page, r"^(Done|Stopped)", timeout=120_000)
+            # a run that ended between the check and the click leaves Stop nothing to stop (seen on a fast host)
+            status = wait_status(page, r"^(Done|Stopped|Nothing is running)", timeout=120_000)
             assert "a Run started by this page" in page.locator("#provenance").inner_text()
         else:
             status = wait_status(page, "iteration 0 done")
