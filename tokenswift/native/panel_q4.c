@@ -96,8 +96,7 @@ static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
     q4_scales(group, d, m)
 
 /* One row of reordered x over strip nb's 16 outputs, 8 at a time: y[nb * 16 ..]. */
-static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
-    (void)n;
+static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y) {
     const int blocks = k / Q4_K;
     for (int c0 = 0; c0 < Q4_ROWS; c0 += 8) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -184,7 +183,7 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
             float *yr = y + (size_t)done * n;
             if (rows == 4) q4_lookup_pass4(w, k, nb, strips, xr, yr, n);
             else if (rows == 2) q4_lookup_pass2(w, k, nb, strips, xr, yr, n);
-            else q4_lookup_pass1(w, k, nb, strips, xr, yr, n);
+            else q4_lookup_pass1(w, k, nb, strips, xr, yr);
             done += rows;
         }
     return 0;
