@@ -45,7 +45,13 @@
         prompts, greedy / greedy+penalty / paper sampling, 1 thread: tok/s, ratios, an ids-equal check;
         writes runs/bench-speed/{results.json,table.md,speed.png}. See speed.py.
 
-One module per command (ar_vs_hf, resident, context, drafts, rows, parts, bonus_head, speed), the command line in
+    python -m tokenswift.bench cpu-kind [--out-dir runs/cpu-kind] [--variants native avx2] [--no-smollm2]
+        Every `bench speed` and `bench rows` run the README's speed table asks of this kind of CPU (the default model
+        at 1K and 16K under each kernel variant, SmolLM2-135M at 1K beside HF and at 6K, SmolLM2's rows under each
+        variant alternated), each in its own process, resumable; writes summary.md in the README's columns. About an
+        hour on 2 vCPUs. See cpu_kind.py.
+
+One module per command (ar_vs_hf, resident, context, drafts, rows, parts, bonus_head, speed, cpu_kind), the command line in
 cli.py; `bench speed`'s conditions, prompts and report (table and chart, apart from the runs) in conditions.py,
 prompts.py and report.py. A process's memory readers live in tokenswift/memory.py, outside the benchmarks.
 """

@@ -72,9 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--tokens", type=int, default=1000)
     o.add_argument("--seed", type=int, default=0)
     speed.add_arguments(sub.add_parser("speed", help="AR, TokenSwift and HF generate speed, ratios"))
+    k = sub.add_parser("cpu-kind", help="every speed run the README's table asks of this kind of CPU, resumable")
+    k.add_argument("--out-dir", default="runs/cpu-kind")
+    k.add_argument("--variants", nargs="+", default=None,
+                   help="kernel variants to run (native, amx, avx512bf16, avx512, avx2; default: native, the AVX2 build "
+                        "where the CPU runs a wider one, and avx512bf16 on AVX-512 BF16 CPUs without AMX)")
+    k.add_argument("--tokens", type=int, default=1000, help="new tokens per run")
+    k.add_argument("--rounds", type=int, default=3, help="alternated rounds of SmolLM2's rows per variant")
+    k.add_argument("--no-smollm2", action="store_true", help="the default model's steps only")
+    k.add_argument("--redo", action="store_true", help="run every step again, even those with results")
     args = parser.parse_args(argv)
     if args.command == "speed":
         return speed_command(args)
+    if args.command == "cpu-kind":
+        from .cpu_kind import main as cpu_kind_main
+
+        return cpu_kind_main(args)
     if args.command == "ar-vs-hf":
         from .ar_vs_hf import ar_vs_hf
 

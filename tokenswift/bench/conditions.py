@@ -30,7 +30,7 @@ def conditions(gen, args_like: dict, prompts: dict[int, dict]) -> dict:
         "threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
         "cpu": cpu_model(), "cpus_online": os.cpu_count(), "cpu_kind": gen.adapter.backend.cpu,
-        "kernels": gen.adapter.backend.describe(),
+        "kernel_variant": gen.adapter.backend.variant, "kernels": gen.adapter.backend.describe(),
         "model_params": params, "head_params": heads, "engine_dtype": str(gen.adapter.dtype).replace("torch.", ""),
         "engine_compute": _engine_compute(gen),
         "datastore_contexts": len(gen.datastore) if gen.datastore is not None else 0,
