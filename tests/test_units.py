@@ -205,6 +205,30 @@ def test_attention_paths_match_a_float64_reference(s, t, g):
     assert (out.double() - ref).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("s,t,g", [(100, 100, 3), (700, 128, 3), (5000, 64, 2), (200, 64, 1), (63, 63, 3)])
+def test_causal_blocks_match_a_float64_reference(s, t, g, monkeypatch):
+    """A prefill chunk's causal block (with and without a prefix, grouped or not) against naive softmax attention;
+    from CAUSAL_FLASH_MIN_TOKENS new tokens it takes the flash kernel's causal form, below them the other paths."""
+    from tokenswift import attention
+
+    calls = []
+    causal = attention._attend_causal
+    monkeypatch.setattr(attention, "_attend_causal", lambda *a: calls.append(a[-2]) or causal(*a))
+    torch.manual_seed(s + t)
+    hkv, d = 2, 16
+    q, k, v = torch.randn(hkv * g, t, d), torch.randn(hkv, s, d), torch.randn(hkv, s, d)
+    block = torch.ones(t, t, dtype=torch.bool).tril()
+    out = attention.attend(q, k, v, d ** -0.5, block)
+    allowed = torch.ones(t, s, dtype=torch.bool)
+    allowed[:, s - t:] = block
+    kk = k.double().repeat_interleave(g, dim=0)
+    scores = (q.double() @ kk.transpose(1, 2)) * d ** -0.5
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double().repeat_interleave(g, dim=0)
+    assert (out.double() - ref).abs().max().item() < 1e-5
+    flash = attention._cpu_flash is not None and t >= attention.CAUSAL_FLASH_MIN_TOKENS
+    assert calls == ([t] if flash else [])
+
+
 def test_best_occurrence_bound_follows_the_longest_known_continuation():
     """suffix-bound's bound for drafting from the text: at each position, the longest run that an earlier
     occurrence of the last token continues with, from known text only (a continuation reaching the end of the

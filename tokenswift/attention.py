@@ -11,6 +11,11 @@ CPU: the unmasked prefix through PyTorch's CPU flash-attention kernel, which als
 log-sum-exp, and the small masked block by hand, merged by log-sum-exp. Measured on one core (6 query
 heads, 2 KV heads, d 64, 72 tree nodes over 16K keys): 48 ms -> 24 ms per layer, outputs within 4e-8; end to
 end (`python -m tokenswift.bench context`, default model, 16K context) verification 228 -> 186 ms per iteration.
+
+A causal block of many new tokens (a prefill chunk) takes the flash kernel for the block too, with its causal
+flag (which skips the masked half instead of scoring it). Measured on one core (SmolLM2's 9 query heads, 3 KV
+heads, d 64; a 1,023-token prompt in chunks, ms per layer): chunks of 256 32.7 -> 19.7, of 128 23.7 -> 19.5; one
+causal call over the whole prompt 17.7.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from .native import rows_attention
 KEY_CHUNK = 4096
 SPLIT_MIN_ROWS = 16  # stacked query rows (group size x new tokens) from which the split form pays
 SPLIT_MIN_PREFIX = 512  # prefix keys from which the split form pays
+CAUSAL_FLASH_MIN_TOKENS = 64  # new tokens under a causal block mask from which the flash kernel takes the block
+#                                (measured, 9 / 3 heads: 64 tokens over 1K keys 2.04 -> 1.86 ms; 16 tokens 0.47 -> 0.63)
 SPLIT_ANY_ROWS_PREFIX = 6144  # from this prefix the split form pays even for one token (measured: 8K keys,
 #                               one token, 3 stacked heads: 650 us split vs 757 plain; 12K: 867 vs 1,175)
 _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -67,9 +74,11 @@ def attend(
         out = rows_attention.attend_rows(qs, k, v, scale, t, block_mask)
         if out is not None:
             return out.reshape(hq, t, d)
+    flash_ready = _cpu_flash is not None and extra_mask is None and q.dtype == k.dtype
+    if flash_ready and t >= CAUSAL_FLASH_MIN_TOKENS and _is_causal(block_mask, t):
+        return _attend_causal(q, k, v, scale, t, g)
     many_rows = g * t >= SPLIT_MIN_ROWS and prefix >= SPLIT_MIN_PREFIX
-    if (_cpu_flash is not None and extra_mask is None and (many_rows or prefix >= SPLIT_ANY_ROWS_PREFIX)
-            and q.dtype == k.dtype):
+    if flash_ready and (many_rows or prefix >= SPLIT_ANY_ROWS_PREFIX):
         out = _attend_split(qs, k, v, scale, t, g, block_mask)
     elif s <= KEY_CHUNK:
         out = _attend_chunk(qs, k, v, scale, 0, s, t, g, block_mask, extra_mask)[0]
@@ -134,6 +143,37 @@ def _attend_split(qs, k, v, scale, t, g, block_mask):
     a = torch.exp(prefix_lse - peak)
     b = torch.exp(block_peak - peak)
     return ((prefix_out * a + block_out * b) / (a + block_total * b)).to(v.dtype)
+
+
+def _is_causal(block_mask: torch.Tensor | None, t: int) -> bool:
+    """Whether new token i sees exactly new tokens 0..i (a prefill chunk's mask; a tree's only when it is a chain)."""
+    if block_mask is None or block_mask.shape != (t, t):
+        return False
+    return torch.equal(block_mask, torch.ones(t, t, dtype=torch.bool, device=block_mask.device).tril_())
+
+
+def _attend_causal(q, k, v, scale, t, g):
+    """q: (Hq, T, d), k, v: (Hkv, S, d), the T new tokens last and causally masked -> (Hq, T, d): the block through
+    the flash kernel's causal form (K/V repeated per query head: T rows, cheap), the prefix (if any) through its
+    plain form on stacked rows as in `_attend_split`, merged by log-sum-exp."""
+    hq, _, d = q.shape
+    hkv, s, _ = k.shape
+    p = s - t
+    kb, vb = k[:, p:], v[:, p:]
+    if g > 1:
+        kb, vb = kb.repeat_interleave(g, dim=0), vb.repeat_interleave(g, dim=0)  # (Hq, T, d)
+    block_out, block_lse = _cpu_flash(q[None], kb[None], vb[None], is_causal=True, scale=scale)[:2]
+    if p == 0:
+        return block_out[0].to(v.dtype)
+    block_out, block_lse = block_out[0].float(), block_lse[0, ..., None]  # (Hq, T, d), (Hq, T, 1)
+    qs = q.reshape(hkv, g * t, d)
+    prefix_out, prefix_lse = _cpu_flash(qs[None], k[None, :, :p], v[None, :, :p], scale=scale)[:2]
+    prefix_out = prefix_out[0].float().reshape(hq, t, d)
+    prefix_lse = prefix_lse[0].reshape(hq, t, 1)
+    peak = torch.maximum(prefix_lse, block_lse)  # every row sees its own token: block_lse is finite
+    a = torch.exp(prefix_lse - peak)
+    b = torch.exp(block_lse - peak)
+    return ((prefix_out * a + block_out * b) / (a + b)).to(v.dtype)
 
 
 def _attend_sdpa(q, k, v, scale, block_mask, extra_mask):
