@@ -186,6 +186,16 @@ def test_position_runs():
     assert position_runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
 
 
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Softmax attention in float64: q (Hq, T, d) over k, v (Hkv, S, d), the T new tokens last under `block`."""
+    t, s, g, d = q.shape[1], k.shape[1], q.shape[0] // k.shape[0], q.shape[2]
+    allowed = torch.ones(t, s, dtype=torch.bool)
+    allowed[:, s - t:] = block
+    kk = k.double().repeat_interleave(g, dim=0)
+    scores = (q.double() @ kk.transpose(1, 2)) * d ** -0.5
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double().repeat_interleave(g, dim=0)
+
+
 @pytest.mark.parametrize("s,t,g", [(40, 1, 3), (600, 8, 3), (700, 1, 4), (5000, 6, 3), (5000, 1, 3), (9000, 40, 2),
                                    (9000, 2, 3), (300, 300, 2)])
 def test_attention_paths_match_a_float64_reference(s, t, g):
@@ -197,12 +207,7 @@ def test_attention_paths_match_a_float64_reference(s, t, g):
     q, k, v = torch.randn(hkv * g, t, d), torch.randn(hkv, s, d), torch.randn(hkv, s, d)
     block = (torch.rand(t, t) < 0.4).tril() | torch.eye(t, dtype=torch.bool)  # a tree-like mask
     out = attend(q, k, v, d ** -0.5, block)
-    allowed = torch.ones(t, s, dtype=torch.bool)
-    allowed[:, s - t:] = block
-    kk = k.double().repeat_interleave(g, dim=0)
-    scores = (q.double() @ kk.transpose(1, 2)) * d ** -0.5
-    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double().repeat_interleave(g, dim=0)
-    assert (out.double() - ref).abs().max().item() < 1e-5
+    assert (out.double() - naive_attention(q, k, v, block)).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("s,t,g", [(100, 100, 3), (700, 128, 3), (5000, 64, 2), (200, 64, 1), (63, 63, 3)])
@@ -219,12 +224,7 @@ def test_causal_blocks_match_a_float64_reference(s, t, g, monkeypatch):
     q, k, v = torch.randn(hkv * g, t, d), torch.randn(hkv, s, d), torch.randn(hkv, s, d)
     block = torch.ones(t, t, dtype=torch.bool).tril()
     out = attention.attend(q, k, v, d ** -0.5, block)
-    allowed = torch.ones(t, s, dtype=torch.bool)
-    allowed[:, s - t:] = block
-    kk = k.double().repeat_interleave(g, dim=0)
-    scores = (q.double() @ kk.transpose(1, 2)) * d ** -0.5
-    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double().repeat_interleave(g, dim=0)
-    assert (out.double() - ref).abs().max().item() < 1e-5
+    assert (out.double() - naive_attention(q, k, v, block)).abs().max().item() < 1e-5
     flash = attention._cpu_flash is not None and t >= attention.CAUSAL_FLASH_MIN_TOKENS
     assert calls == ([t] if flash else [])
 
