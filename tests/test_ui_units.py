@@ -154,3 +154,24 @@ def test_the_page_opens_on_a_fetched_real_model_else_on_the_bundled_one(monkeypa
     assert page_model(models) == "mine"
     monkeypatch.setenv(PAGE_MODEL_ENV, "not in the menu")
     assert page_model(models) == "SmolLM2"
+    monkeypatch.setattr(builtin, "is_fetched", lambda name: False)
+    monkeypatch.setenv(PAGE_MODEL_ENV, "smollm2-135m")  # a built-in model's name means its menu entry
+    assert page_model(models) == "SmolLM2"
+
+
+def test_the_api_drafts_as_the_page_does_and_takes_built_in_names():
+    """/generate's settings JSON leaves the tree to "auto" (the page's and the CLI's, not the library's paper tree),
+    and its model may be a menu entry or a built-in model's name; an empty one is the bundled model."""
+    from types import SimpleNamespace
+
+    from tokenswift.tree import AUTO
+    from ui.api import _checked
+
+    models = {"bundled": "/models/bundled", "SmolLM2 (fetched on first use)": "smollm2-135m"}
+    app = SimpleNamespace(limits=SimpleNamespace(max_new_tokens_api=100),
+                          codecs=SimpleNamespace(models=models, names=lambda: list(models)))
+    settings, n, method, name, seed = _checked(app, "Hello", 10, "tokenswift", "{}", 0, "")
+    assert settings.tree == AUTO and name == "bundled" and n == 10
+    settings, *_, name, _ = _checked(app, "Hello", 10, "tokenswift", '{"tree": "1x3x3x3"}', 0, "smollm2-135m")
+    assert settings.tree == "1x3x3x3" and name == "SmolLM2 (fetched on first use)"
+    assert _checked(app, "Hello", 10, "ar", "{}", 0, "/models/mine")[3] == "/models/mine"  # refused when loaded

@@ -11,12 +11,15 @@ import gradio as gr
 from tokenswift import Settings
 from tokenswift.memory import peak_mb, resident_mb
 from tokenswift.kinds import Method
+from tokenswift.tree import AUTO
 from tokenswift.serve.detok import IncrementalText
+from tokenswift.serve.models import entry_named
 from tokenswift.serve.runner import RunRequest
 from tokenswift.validate import InvalidRequest, shown, validate_seed, whole_number
 
 from .live import POLL_S, LiveApp
 
+API_DEFAULTS = {"tree": AUTO}  # settings the JSON leaves out that differ from the library's: as on the page and the CLI
 UPDATE_PERIOD_S = 0.25  # at most this often a streamed update (each holds only the text that is new)
 QUIET_S = 5.0  # while waiting (queue, prefill), an update at least this often: the client shows it still reads
 
@@ -25,7 +28,9 @@ def api_generate(app: LiveApp) -> Callable:
     def generate(prompt: str, max_new_tokens: int = 200, method: str = "tokenswift", settings_json: str = "{}",
                  seed: int = 0, model: str = "", request: gr.Request = None) -> Iterator[str]:
         """Stream a generation. `settings_json` holds tokenswift.Settings fields, e.g.
-        {"temperature": 1.0, "min_p": 0.1, "penalty": 1.2}. Yields JSON strings: while waiting
+        {"temperature": 1.0, "min_p": 0.1, "penalty": 1.2}; a field left out takes the library's default, but the
+        tree is "auto" as on the page. `model`: a menu entry or a built-in model's name (empty: the bundled
+        model). Yields JSON strings: while waiting
         {"queued": runs ahead}; then {"delta": the new text, "new_tokens", "done", "stats"}; the last one
         has done = true and also the whole "text"."""
         settings, n, chosen, name, seed = _checked(app, prompt, max_new_tokens, method, settings_json, seed, model)
@@ -98,12 +103,12 @@ def _checked(app: LiveApp, prompt, max_new_tokens, method, settings_json, seed, 
         data = json.loads(settings_json or "{}")
         if not isinstance(data, dict):
             raise ValueError("settings_json must be a JSON object such as {\"temperature\": 1.0}")
-        settings = Settings.from_dict(data)
+        settings = Settings.from_dict({**API_DEFAULTS, **data})
     except (ValueError, TypeError, RecursionError) as exc:
         raise gr.Error(f"invalid settings: {exc}") from None
     if not isinstance(model, str):
         raise gr.Error(f"model must be a string (empty: the default model); got {shown(model)}")
-    name = model or app.codecs.names()[0]
+    name = entry_named(app.codecs.models, model) if model else app.codecs.names()[0]
     return settings, int(max_new_tokens), Method(method), name, int(seed)
 
 

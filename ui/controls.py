@@ -51,13 +51,15 @@ PAGE_MODEL_ENV = "TOKENSWIFT_PAGE_MODEL"  # the menu entry the page opens on (de
 
 
 def page_model(models: Mapping[str, str]) -> str:
-    """The model menu's entry the page opens on: $TOKENSWIFT_PAGE_MODEL where it names an entry, else the first
-    built-in real model already fetched (SmolLM2-135M-Instruct after `python -m tokenswift fetch smollm2-135m`, or
-    after a visitor picked it once), else the first entry (the bundled model: the page then works offline)."""
+    """The model menu's entry the page opens on: $TOKENSWIFT_PAGE_MODEL where it names an entry (or a built-in
+    model's name, e.g. smollm2-135m), else the first built-in real model already fetched (SmolLM2-135M-Instruct after
+    `python -m tokenswift fetch smollm2-135m`, or after a visitor picked it once), else the first entry (the bundled
+    model: the page then works offline)."""
     from tokenswift.builtin import is_builtin, is_fetched
+    from tokenswift.serve.models import entry_named
 
     names = list(models)
-    chosen = os.environ.get(PAGE_MODEL_ENV, "")
+    chosen = entry_named(dict(models), os.environ.get(PAGE_MODEL_ENV, ""))
     if chosen in models:
         return chosen
     for name, source in models.items():

@@ -38,6 +38,14 @@ def allowlist() -> dict[str, str]:
     return models
 
 
+def entry_named(models: dict[str, str], name: str) -> str:
+    """The allowlist's entry that `name` means: the entry itself, or the entry of the built-in model of that name
+    (`smollm2-135m` for "SmolLM2-135M-Instruct (fetched on first use)"); else `name` unchanged (refused later)."""
+    if name in models or not is_builtin(name):
+        return name
+    return next((entry for entry, source in models.items() if source == name), name)
+
+
 def _check_name(models: dict[str, str], name: str) -> str:
     if name not in models:
         raise ValueError(f"unknown model {shown(name)}: choose one of {', '.join(models)}")
