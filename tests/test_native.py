@@ -321,8 +321,28 @@ def test_q4_blocks_on_amx_tiles_give_the_amx_products_bitwise(n, k):
     assert m.kind == 4
     reference = panels.PanelMatrix(blocks.values().float(), amx=True)
     x = torch.randn(40, k, generator=torch.Generator().manual_seed(2))
-    for rows in (1, 4, 5, 6, 12, 16, 40):
+    # beyond 16 rows the sums go through vector lanes: passes of 5 tokens, the last of 1 or 2 tokens, alone or paired
+    for rows in (1, 4, 5, 6, 12, 16, 17, 21, 22, 26, 40):
         assert torch.equal(m(x[:rows]), reference(x[:rows])), rows
+
+
+@needs_q4
+@needs_amx
+def test_tile_products_cut_into_calls_give_the_rows_of_one_call(monkeypatch):
+    """Many rows on AMX tiles go in calls whose split rows fit the core's L2 (TILE_SPLIT_BYTES): the rows of every
+    call, the last one short, are bitwise those of one call, on bfloat16 weights and on Q4_1 blocks."""
+    n, k = 64, 96
+    blocks = panels._random_blocks(torch.Generator().manual_seed(7), n, k)
+    tiled = panels.PanelMatrix.from_blocks(blocks.groups(), n, k)
+    plain = panels.PanelMatrix(blocks.values().float(), amx=True)
+    x = torch.randn(47, k, generator=torch.Generator().manual_seed(3))
+    whole = [tiled(x), plain(x)]
+    calls = []
+    kernel = tiled._kernel
+    tiled._kernel = lambda *args: calls.append(args[3]) or kernel(*args)
+    monkeypatch.setattr(panels, "TILE_SPLIT_BYTES", 25 * 6.4 * k)  # calls of 20 rows (pairs of passes: 10s)
+    assert torch.equal(tiled(x), whole[0]) and calls == [20, 20, 7]
+    assert torch.equal(plain(x), whole[1]) and torch.equal(whole[0], whole[1])
 
 
 @needs_amx

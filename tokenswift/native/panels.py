@@ -23,6 +23,11 @@ from .switches import AMX_ENV, BF16_ENV, BLOCKS_ENV
 
 MAX_ROWS = 16  # beyond this (big trees, prefill chunks) oneDNN / MKL are as good or better
 AMX_MAX_K = 4096
+TILE_SPLIT_BYTES = 2**20  # split rows (bfloat16 parts of x: 6.4 bytes per row and input) one tile call streams; more
+#                           rows go in calls of this many (every row's result is its own: bitwise the same). Measured
+#                           (AMX host, SmolLM2's down 576x1536 on Q4_1 blocks, 256 rows): 2.24 ms in one call, whose
+#                           2.5 MB of split rows spill out of L2 and are read again per 32 outputs; 1.66 in two.
+TILE_PASS_ROWS = 10  # rows of a pair of tile passes (5 tokens each): calls are cut at multiples of it
 # AMX over float32 panels, measured here (one thread, microseconds for 1 / 4 / 9 / 12 rows): q/k/v 640x384
 # 11.5 / 16.1 / 28.1 / 39.2 -> 7.2 / 7.6 / 14.5 / 19.6; gate/up 2048x384 137 / 146 / 145 / 147 -> 22 / 24 / 45 / 64;
 # down 384x1024 24 / 33 / 62 / 73 -> 14 / 15 / 27 / 39; LM head 8192x384 516 / 516 / 536 / 549 -> 292 / 303 / 348 / 405.
@@ -227,7 +232,15 @@ class PanelMatrix:
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
-        if self.kind in (1, 3, 4, 5):
+        if t > MAX_ROWS and self.kind in (1, 4, 5):  # many rows on AMX tiles: in calls whose split rows stay in L2
+            k, n = self.in_features, self.out_features
+            step = max(TILE_PASS_ROWS, int(TILE_SPLIT_BYTES / (6.4 * k)) // TILE_PASS_ROWS * TILE_PASS_ROWS)
+            code = 0
+            for r0 in range(0, t, step):
+                r = min(step, t - r0)
+                code = code or self._kernel(x.data_ptr() + r0 * 4 * k, self.panels.data_ptr(), y.data_ptr() + r0 * 4 * n,
+                                            r, k, n, *_amx_scratch(r, k))
+        elif self.kind in (1, 3, 4, 5):
             code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
                                 self.out_features, *_amx_scratch(t, self.in_features))
         else:
