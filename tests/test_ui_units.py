@@ -174,4 +174,10 @@ def test_the_api_drafts_as_the_page_does_and_takes_built_in_names():
     assert settings.tree == AUTO and name == "bundled" and n == 10
     settings, *_, name, _ = _checked(app, "Hello", 10, "tokenswift", '{"tree": "1x3x3x3"}', 0, "smollm2-135m")
     assert settings.tree == "1x3x3x3" and name == "SmolLM2 (fetched on first use)"
-    assert _checked(app, "Hello", 10, "ar", "{}", 0, "/models/mine")[3] == "/models/mine"  # refused when loaded
+    # a path, even an entry's, is no entry's name: it passes unchanged, and loading it is refused
+    from tokenswift.serve.models import _check_name
+
+    for path in ("/models/bundled", "/models/mine"):
+        assert _checked(app, "Hello", 10, "ar", "{}", 0, path)[3] == path
+        with pytest.raises(ValueError, match="unknown model"):
+            _check_name(models, path)

@@ -221,12 +221,16 @@ def test_causal_blocks_match_a_float64_reference(s, t, g, monkeypatch):
     monkeypatch.setattr(attention, "_attend_causal", lambda *a: calls.append(a[-2]) or causal(*a))
     torch.manual_seed(s + t)
     hkv, d = 2, 16
-    q, k, v = torch.randn(hkv * g, t, d), torch.randn(hkv, s, d), torch.randn(hkv, s, d)
+    # q as the callers pass it: a transposed view of the projections, (Hq, T, d) over (T, Hq + Hkv, d)
+    q = torch.randn(t, hkv * g + hkv, d)[:, : hkv * g].transpose(0, 1)
+    k, v = torch.randn(hkv, s, d), torch.randn(hkv, s, d)
     block = torch.ones(t, t, dtype=torch.bool).tril()
     out = attention.attend(q, k, v, d ** -0.5, block)
     assert (out.double() - naive_attention(q, k, v, block)).abs().max().item() < 1e-5
+    low = attention.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), d ** -0.5, block)  # a half-precision cache
+    assert low.dtype == torch.bfloat16 and (low.double() - naive_attention(q, k, v, block)).abs().max().item() < 0.05
     flash = attention._cpu_flash is not None and t >= attention.CAUSAL_FLASH_MIN_TOKENS
-    assert calls == ([t] if flash else [])
+    assert calls == ([t, t] if flash else [])
 
 
 def test_best_occurrence_bound_follows_the_longest_known_continuation():

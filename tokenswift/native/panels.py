@@ -238,8 +238,8 @@ class PanelMatrix:
             code = 0
             for r0 in range(0, t, step):
                 r = min(step, t - r0)
-                code = code or self._kernel(x.data_ptr() + r0 * 4 * k, self.panels.data_ptr(), y.data_ptr() + r0 * 4 * n,
-                                            r, k, n, *_amx_scratch(r, k))
+                code = code or self._kernel(x.data_ptr() + r0 * 4 * k, self.panels.data_ptr(),
+                                            y.data_ptr() + r0 * 4 * n, r, k, n, *_amx_scratch(r, k))
         elif self.kind in (1, 3, 4, 5):
             code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
                                 self.out_features, *_amx_scratch(t, self.in_features))
