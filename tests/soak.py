@@ -38,6 +38,7 @@ HOSTILE = "10.6.6.6"
 PROMPTS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome, clever, and rich,",
            "In the beginning God created", "Mr. Knightley, a sensible man about seven or eight-and-thirty,"]
 ORDINARY_TOKENS = 120
+RUN_SETTINGS = '{"tree": "1x3x3x3"}'  # the paper's tree, as the README's soak figures were measured ("{}" took it then)
 LONG_PROMPT = (ROOT / "assets" / "prompts" / "emma-held-out.txt")
 MODEL = "default: Austen & KJV, 16M (bundled)"
 
@@ -145,7 +146,8 @@ class Ordinary(threading.Thread):
             start = time.monotonic()
             first = None
             try:
-                job = client.submit(PROMPTS[k % len(PROMPTS)], ORDINARY_TOKENS, method, "{}", k, "", api_name="/generate")
+                job = client.submit(PROMPTS[k % len(PROMPTS)], ORDINARY_TOKENS, method, RUN_SETTINGS, k, "",
+                                     api_name="/generate")
                 final = None
                 for update in job:
                     data = json.loads(update)
@@ -264,7 +266,8 @@ class Hostile(threading.Thread):
                 elif attack == "unwatched":  # runs whose stream is never opened (every other round: the
                     # hostile's own queued runs would otherwise refuse its other attacks as busy)
                     for _ in range(2 if k // len(attacks) % 2 == 0 else 0):
-                        r = self.enqueue(generate, [PROMPTS[0], 2000, "tokenswift", "{}", 0, ""], f"hostile{next(ids)}")
+                        r = self.enqueue(generate, [PROMPTS[0], 2000, "tokenswift", RUN_SETTINGS, 0, ""],
+                                         f"hostile{next(ids)}")
                         self.note("unwatched", f"http {r.status_code}")
                 elif attack == "costly":
                     settings = json.dumps({"tree": "16x15", "ngram_topk": 20, "kv_mode": "full"})
@@ -274,7 +277,7 @@ class Hostile(threading.Thread):
                     sessions = []
                     for _ in range(10):
                         s = f"hostile{next(ids)}"
-                        r = self.enqueue(generate, [PROMPTS[1], 2000, "ar", "{}", 0, ""], s)
+                        r = self.enqueue(generate, [PROMPTS[1], 2000, "ar", RUN_SETTINGS, 0, ""], s)
                         if r.status_code == 200:
                             sessions.append(s)
                         else:  # beyond its share of the queue (429): one sentence

@@ -20,7 +20,9 @@ ENV = {"TOKENSWIFT_QUEUE_SIZE": str(QUEUE), "TOKENSWIFT_MAX_PROMPT_TOKENS": "204
        "TOKENSWIFT_API_MAX_NEW_TOKENS": "4000", "TOKENSWIFT_REQUEST_TIMEOUT_S": "120"}
 PROMPTS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome, clever, and rich,",
            "In the beginning God created", "Mr. Knightley, a sensible man about seven or eight-and-thirty,"]
-GREEDY = "{}"
+# greedy on the paper's tree (the library's default, which /generate took for "{}" before it drafted as the page
+# does): about a quarter of AR's speed on a CPU, so that the runs these tests race still overlap on a fast host
+GREEDY = '{"tree": "1x3x3x3"}'
 
 # (label, prompt, max_new_tokens, method, settings_json, seed, model, a word the refusal must contain)
 BAD_INPUTS = [
