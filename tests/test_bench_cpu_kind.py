@@ -67,6 +67,24 @@ def corpus(tmp_path):
     return folder
 
 
+def test_a_summary_line_names_the_variant_and_tokenswifts_own_speed():
+    """One `bench speed` result as a README row: the variant that ran (forced or not), AR's range, each sampling row's
+    paired ratio and tokens per iteration, AR / HF, and TokenSwift's greedy speed to compare variants by."""
+    def row(sampling: str, ar: float, ts: float, ratio: float, per_it: float, hf: float | None) -> dict:
+        medians = {"ours-ar": {"tok_s": ar}, "tokenswift-auto": {"tok_s": ts},
+                   "paired": {"ratio": ratio, "mean_accepted": per_it, "identical": sampling != "paper"}}
+        return {"context": 1024, "sampling": sampling, "medians": medians,
+                "ratios": {} if hf is None else {"ours-ar/hf-peer (wall)": hf}}
+
+    results = {"conditions": {"kernel_variant": "avx2"},
+               "rows": [row("greedy", 60.0, 92.5, 1.54, 2.14, 3.1), row("greedy+penalty", 61.0, 75.0, 1.32, 1.62, 3.3),
+                        row("paper", 62.0, 63.0, 1.06, 1.1, None)]}
+    step = ck.Step("default-avx2-1024", "speed", ("speed",), {"TOKENSWIFT_ISA": "avx2"}, variant="avx2")
+    [line] = ck.speed_lines(step, results)
+    assert line == ("| assets/default-model | avx2 (forced) | 1,024 | 60.0-62.0 | 1.54 (2.14/it) | 1.32 (1.62/it) | "
+                    "1.06 (1.10/it) ≠AR | 3.10-3.30 | 92.5 |")
+
+
 @pytest.mark.slow  # four benchmark processes on the shipped default model
 def test_a_small_suite_runs_reports_a_failed_step_and_resumes(tmp_path, corpus, monkeypatch):
     monkeypatch.chdir(ROOT)
