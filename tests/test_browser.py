@@ -51,10 +51,11 @@ def set_max_new(pg, n: int) -> None:
     box.press("Tab")
 
 
-# The status line's text without a progress overlay's timer ("0.4s", "processing | 1.2s") that Gradio may lay
-# over it while an event that writes to it is pending.
+# The status line's text without a progress overlay's timer ("0.4s", "processing | 1.2s", "queue: 1/1 | 0.1s") that
+# Gradio may lay over it while an event that writes to it is pending or queued (seen: the queue's, read by the
+# clean-clone CI between a lesson's wait for "Done" and its check).
 STATUS_JS = """() => document.querySelector('#status').innerText.split('\\n')
-    .filter(l => !/^\\s*(processing\\s*\\|)?\\s*[\\d./]+s\\s*$/i.test(l)).join('\\n').trim()"""
+    .filter(l => !/^\\s*(processing\\s*\\||queue:\\s*[\\d/]+\\s*\\|)?\\s*[\\d./]+s\\s*$/i.test(l)).join('\\n').trim()"""
 
 
 def status_text(pg) -> str:
