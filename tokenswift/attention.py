@@ -19,6 +19,8 @@ causal call over the whole prompt 17.7.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -136,20 +138,38 @@ def _attend_chunked(qs, k, v, scale, t, g, block_mask, extra_mask):
 def _attend_split(qs, k, v, scale, t, g, block_mask):
     """Prefix (unmasked, flash kernel) + block (masked, by hand), merged by log-sum-exp: (Hkv, g*T, d)."""
     p = k.shape[1] - t
-    prefix_out, prefix_lse = _cpu_flash(qs[None], k[None, :, :p], v[None, :, :p], scale=scale)[:2]
-    prefix_out, prefix_lse = prefix_out[0].float(), prefix_lse[0, ..., None]  # (Hkv, g*T, d), (Hkv, g*T, 1)
+    prefix_out, prefix_lse = _flash_prefix(qs, k, v, p, scale)
     block_out, block_peak, block_total = _attend_chunk(qs, k, v, scale, p, p + t, t, g, block_mask, None)
+    return _merge(prefix_out, prefix_lse, block_out, block_peak, block_total).to(v.dtype)
+
+
+def _flash_prefix(qs, k, v, p, scale):
+    """Stacked rows (Hkv, R, d) over the first p keys, unmasked, by the flash kernel: the float32 output (Hkv, R, d)
+    and each row's log-sum-exp (Hkv, R, 1)."""
+    out, lse = _cpu_flash(qs[None], k[None, :, :p], v[None, :, :p], scale=scale)[:2]
+    return out[0].float(), lse[0, ..., None]
+
+
+def _merge(prefix_out, prefix_lse, block_out, block_peak, block_total):
+    """Attention over the prefix and over the block, merged by log-sum-exp: the block's output weighted by
+    block_total * exp(block_peak) (a normalized block: total 1, peak its log-sum-exp)."""
     peak = torch.maximum(prefix_lse, block_peak)  # every row sees its own token: block_peak is finite
     a = torch.exp(prefix_lse - peak)
     b = torch.exp(block_peak - peak)
-    return ((prefix_out * a + block_out * b) / (a + block_total * b)).to(v.dtype)
+    return (prefix_out * a + block_out * b) / (a + block_total * b)
 
 
 def _is_causal(block_mask: torch.Tensor | None, t: int) -> bool:
     """Whether new token i sees exactly new tokens 0..i (a prefill chunk's mask; a tree's only when it is a chain)."""
     if block_mask is None or block_mask.shape != (t, t):
         return False
-    return torch.equal(block_mask, torch.ones(t, t, dtype=torch.bool, device=block_mask.device).tril_())
+    return torch.equal(block_mask, _causal_mask(t, block_mask.device))
+
+
+@functools.lru_cache(maxsize=4)
+def _causal_mask(t: int, device: torch.device) -> torch.Tensor:
+    """(t, t) bool, True on and below the diagonal: built once per size, not once per layer."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril_()
 
 
 def _attend_causal(q, k, v, scale, t, g):
@@ -166,14 +186,9 @@ def _attend_causal(q, k, v, scale, t, g):
     if p == 0:
         return block_out[0].to(v.dtype)
     block_out, block_lse = block_out[0].float(), block_lse[0, ..., None]  # (Hq, T, d), (Hq, T, 1)
-    qs = q.reshape(hkv, g * t, d)
-    prefix_out, prefix_lse = _cpu_flash(qs[None], k[None, :, :p], v[None, :, :p], scale=scale)[:2]
-    prefix_out = prefix_out[0].float().reshape(hq, t, d)
-    prefix_lse = prefix_lse[0].reshape(hq, t, 1)
-    peak = torch.maximum(prefix_lse, block_lse)  # every row sees its own token: block_lse is finite
-    a = torch.exp(prefix_lse - peak)
-    b = torch.exp(block_lse - peak)
-    return ((prefix_out * a + block_out * b) / (a + b)).to(v.dtype)
+    prefix_out, prefix_lse = _flash_prefix(q.reshape(hkv, g * t, d), k, v, p, scale)
+    merged = _merge(prefix_out.reshape(hq, t, d), prefix_lse.reshape(hq, t, 1), block_out, block_lse, 1.0)
+    return merged.to(v.dtype)
 
 
 def _attend_sdpa(q, k, v, scale, block_mask, extra_mask):

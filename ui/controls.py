@@ -59,7 +59,7 @@ def page_model(models: Mapping[str, str]) -> str:
     from tokenswift.serve.models import entry_named
 
     names = list(models)
-    chosen = entry_named(dict(models), os.environ.get(PAGE_MODEL_ENV, ""))
+    chosen = entry_named(models, os.environ.get(PAGE_MODEL_ENV, ""))
     if chosen in models:
         return chosen
     for name, source in models.items():

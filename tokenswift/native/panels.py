@@ -232,17 +232,16 @@ class PanelMatrix:
         x = x.contiguous()
         t = x.shape[0]
         y = torch.empty(t, self.out_features, dtype=torch.float32)
-        if t > MAX_ROWS and self.kind in (1, 4, 5):  # many rows on AMX tiles: in calls whose split rows stay in L2
+        if self.kind in (1, 3, 4, 5):
             k, n = self.in_features, self.out_features
-            step = max(TILE_PASS_ROWS, int(TILE_SPLIT_BYTES / (6.4 * k)) // TILE_PASS_ROWS * TILE_PASS_ROWS)
+            step = t  # many rows on AMX tiles: in calls whose split rows stay in L2
+            if t > MAX_ROWS and self.kind != 3:
+                step = max(TILE_PASS_ROWS, int(TILE_SPLIT_BYTES / (6.4 * k)) // TILE_PASS_ROWS * TILE_PASS_ROWS)
             code = 0
             for r0 in range(0, t, step):
                 r = min(step, t - r0)
                 code = code or self._kernel(x.data_ptr() + r0 * 4 * k, self.panels.data_ptr(),
                                             y.data_ptr() + r0 * 4 * n, r, k, n, *_amx_scratch(r, k))
-        elif self.kind in (1, 3, 4, 5):
-            code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
-                                self.out_features, *_amx_scratch(t, self.in_features))
         else:
             code = self._kernel(x.data_ptr(), self.panels.data_ptr(), y.data_ptr(), t, self.in_features,
                                 self.out_features)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def allowlist() -> dict[str, str]:
     return models
 
 
-def entry_named(models: dict[str, str], name: str) -> str:
+def entry_named(models: Mapping[str, str], name: str) -> str:
     """The allowlist's entry that `name` means: the entry itself, or the entry of the built-in model of that name
     (`smollm2-135m` for "SmolLM2-135M-Instruct (fetched on first use)"); else `name` unchanged (refused later)."""
     if name in models or not is_builtin(name):
