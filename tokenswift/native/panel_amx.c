@@ -288,7 +288,12 @@ static inline void rebuild_pair(const uint8_t *w, int format, int k, int nb, int
         uint16_t *tile = strip + ((size_t)h * kb_count + kb) * 16 * 32;
         if (format == FORMAT_Q4_1) {
             q4_scales(group, d, m);
-            for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(tile + i * 32), q4_row_bf16(group, d, m, i));
+            for (int i = 0; i < 16; i += 2) {
+                __m512i row0, row1;
+                q4_row_pair_bf16(group, d, m, i, &row0, &row1);
+                _mm512_storeu_si512((void *)(tile + i * 32), row0);
+                _mm512_storeu_si512((void *)(tile + (i + 1) * 32), row1);
+            }
         } else {
             _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)group)));
             __asm__ volatile("" ::: "memory");  /* as q4_scales: the scale as a broadcast load */

@@ -12,8 +12,8 @@
    is rebuilt. Measured against the bfloat16 panels in docs/performance.md.
 
    With AVX-512 BF16 (build.py's avx512bf16 and amx variants) no strip is written: a group's row is rebuilt in
-   registers as its 32 bfloat16 values (q4_row_bf16: the table rounded by one conversion instruction, where the
-   float32 lanes need five integer operations, and looked up 32 at a time), widened to float32 by two unpacks
+   registers as its 32 bfloat16 values (q4_row_pair_bf16, two rows at a time: the tables rounded by one conversion
+   instruction, where the float32 lanes need five integer operations, and looked up 32 at a time), widened to float32 by two unpacks
    (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's blocks are put in that
    order once per call, order_inputs), and multiplied there with float32 multiply-adds by up to four rows of x.
    Each output still has one accumulator, taking each block's two halves in turn, in the same order for any
@@ -103,14 +103,15 @@ static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const f
         for (int kb = 0; kb < blocks; kb++) {
             LOOKUP_GROUP(c0);
             const float *x0 = xo + (size_t)kb * Q4_K;
-            a0 = dot_block(a0, q4_row_bf16(group, d, m, c0 + 0), x0);
-            a1 = dot_block(a1, q4_row_bf16(group, d, m, c0 + 1), x0);
-            a2 = dot_block(a2, q4_row_bf16(group, d, m, c0 + 2), x0);
-            a3 = dot_block(a3, q4_row_bf16(group, d, m, c0 + 3), x0);
-            a4 = dot_block(a4, q4_row_bf16(group, d, m, c0 + 4), x0);
-            a5 = dot_block(a5, q4_row_bf16(group, d, m, c0 + 5), x0);
-            a6 = dot_block(a6, q4_row_bf16(group, d, m, c0 + 6), x0);
-            a7 = dot_block(a7, q4_row_bf16(group, d, m, c0 + 7), x0);
+            __m512i r0, r1;
+            q4_row_pair_bf16(group, d, m, c0 + 0, &r0, &r1);
+            a0 = dot_block(a0, r0, x0), a1 = dot_block(a1, r1, x0);
+            q4_row_pair_bf16(group, d, m, c0 + 2, &r0, &r1);
+            a2 = dot_block(a2, r0, x0), a3 = dot_block(a3, r1, x0);
+            q4_row_pair_bf16(group, d, m, c0 + 4, &r0, &r1);
+            a4 = dot_block(a4, r0, x0), a5 = dot_block(a5, r1, x0);
+            q4_row_pair_bf16(group, d, m, c0 + 6, &r0, &r1);
+            a6 = dot_block(a6, r0, x0), a7 = dot_block(a7, r1, x0);
         }
         float *out = y + (size_t)nb * Q4_ROWS + c0;
         out[0] = q4v_sum(a0), out[1] = q4v_sum(a1), out[2] = q4v_sum(a2), out[3] = q4v_sum(a3);
@@ -126,14 +127,13 @@ static void q4_lookup_pass2(const uint8_t *w, int k, int nb, int strips, const f
         for (int kb = 0; kb < blocks; kb++) {
             LOOKUP_GROUP(c0);
             const float *x0 = xo + (size_t)kb * Q4_K, *x1 = x0 + k;
-            __m512i row = q4_row_bf16(group, d, m, c0 + 0);
-            a0 = dot_block(a0, row, x0), b0 = dot_block(b0, row, x1);
-            row = q4_row_bf16(group, d, m, c0 + 1);
-            a1 = dot_block(a1, row, x0), b1 = dot_block(b1, row, x1);
-            row = q4_row_bf16(group, d, m, c0 + 2);
-            a2 = dot_block(a2, row, x0), b2 = dot_block(b2, row, x1);
-            row = q4_row_bf16(group, d, m, c0 + 3);
-            a3 = dot_block(a3, row, x0), b3 = dot_block(b3, row, x1);
+            __m512i r0, r1;
+            q4_row_pair_bf16(group, d, m, c0 + 0, &r0, &r1);
+            a0 = dot_block(a0, r0, x0), b0 = dot_block(b0, r0, x1);
+            a1 = dot_block(a1, r1, x0), b1 = dot_block(b1, r1, x1);
+            q4_row_pair_bf16(group, d, m, c0 + 2, &r0, &r1);
+            a2 = dot_block(a2, r0, x0), b2 = dot_block(b2, r0, x1);
+            a3 = dot_block(a3, r1, x0), b3 = dot_block(b3, r1, x1);
         }
         float *out = y + (size_t)nb * Q4_ROWS + c0, *out1 = out + n;
         out[0] = q4v_sum(a0), out[1] = q4v_sum(a1), out[2] = q4v_sum(a2), out[3] = q4v_sum(a3);
@@ -149,12 +149,12 @@ static void q4_lookup_pass4(const uint8_t *w, int k, int nb, int strips, const f
         for (int kb = 0; kb < blocks; kb++) {
             LOOKUP_GROUP(c0);
             const float *x0 = xo + (size_t)kb * Q4_K, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
-            __m512i row = q4_row_bf16(group, d, m, c0 + 0);
-            a0 = dot_block(a0, row, x0), b0 = dot_block(b0, row, x1);
-            c0v = dot_block(c0v, row, x2), e0 = dot_block(e0, row, x3);
-            row = q4_row_bf16(group, d, m, c0 + 1);
-            a1 = dot_block(a1, row, x0), b1 = dot_block(b1, row, x1);
-            c1v = dot_block(c1v, row, x2), e1 = dot_block(e1, row, x3);
+            __m512i r0, r1;
+            q4_row_pair_bf16(group, d, m, c0, &r0, &r1);
+            a0 = dot_block(a0, r0, x0), b0 = dot_block(b0, r0, x1);
+            c0v = dot_block(c0v, r0, x2), e0 = dot_block(e0, r0, x3);
+            a1 = dot_block(a1, r1, x0), b1 = dot_block(b1, r1, x1);
+            c1v = dot_block(c1v, r1, x2), e1 = dot_block(e1, r1, x3);
         }
         float *out = y + (size_t)nb * Q4_ROWS + c0;
         out[0] = q4v_sum(a0), out[1] = q4v_sum(a1);
