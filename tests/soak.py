@@ -38,7 +38,8 @@ HOSTILE = "10.6.6.6"
 PROMPTS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome, clever, and rich,",
            "In the beginning God created", "Mr. Knightley, a sensible man about seven or eight-and-thirty,"]
 ORDINARY_TOKENS = 120
-RUN_SETTINGS = '{"tree": "1x3x3x3"}'  # the paper's tree, as the README's soak figures were measured ("{}" took it then)
+# the paper's tree, as docs/hardening.md's soak figures were measured ("{}" took it then)
+RUN_SETTINGS = '{"tree": "1x3x3x3"}'
 LONG_PROMPT = (ROOT / "assets" / "prompts" / "emma-held-out.txt")
 MODEL = "default: Austen & KJV, 16M (bundled)"
 

@@ -13,9 +13,10 @@
 
    With AVX-512 BF16 (build.py's avx512bf16 and amx variants) no strip is written: a group's row is rebuilt in
    registers as its 32 bfloat16 values (q4_row_pair_bf16, two rows at a time: the tables rounded by one conversion
-   instruction, where the float32 lanes need five integer operations, and looked up 32 at a time), widened to float32 by two unpacks
-   (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's blocks are put in that
-   order once per call, order_inputs), and multiplied there with float32 multiply-adds by up to four rows of x.
+   instruction, where the float32 lanes need five integer operations, and looked up 32 at a time), widened to
+   float32 by two unpacks (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's
+   blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by up
+   to four rows of x.
    Each output still has one accumulator, taking each block's two halves in turn, in the same order for any
    number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>

@@ -234,8 +234,8 @@ class PanelMatrix:
         y = torch.empty(t, self.out_features, dtype=torch.float32)
         if self.kind in (1, 3, 4, 5):
             k, n = self.in_features, self.out_features
-            step = t  # many rows on AMX tiles: in calls whose split rows stay in L2
-            if t > MAX_ROWS and self.kind != 3:
+            step = t
+            if t > MAX_ROWS and self.kind != 3:  # many rows on AMX tiles: in calls whose split rows stay in L2
                 step = max(TILE_PASS_ROWS, int(TILE_SPLIT_BYTES / (6.4 * k)) // TILE_PASS_ROWS * TILE_PASS_ROWS)
             code = 0
             for r0 in range(0, t, step):

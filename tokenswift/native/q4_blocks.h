@@ -74,10 +74,10 @@ static inline void q4_row_floats(const uint8_t *group, const float *d, const flo
 #if defined(__AVX512BF16__)
 /* Rows i and i + 1 of a group as their 32 bfloat16 values each, in input order. Each row's table is rounded by the
    bfloat16 conversion (to nearest even, as round_bf16); one conversion rounds both tables into one register, row
-   i's in words 0-15 and row i + 1's in 16-31 (it takes as long for two tables as for one: on a Sapphire Rapids Xeon, pairs
-   cut a vector kernel's rebuild by about a tenth, docs/performance.md). Each row's 8 words, four times over and
-   word w shifted by 4 * (w / 8), index its table: the lookup reads 5 bits, the low 4 the code and the fifth set
-   to 0 or 1 to pick the row's own table. */
+   i's in words 0-15 and row i + 1's in 16-31 (it takes as long for two tables as for one: on a Sapphire Rapids
+   Xeon, pairs cut a vector kernel's rebuild by about a tenth, docs/performance.md). Each row's 8 words, four times
+   over and word w shifted by 4 * (w / 8), index its table: the lookup reads 5 bits, the low 4 the code and the
+   fifth set to 0 or 1 to pick the row's own table. */
 static inline void q4_row_pair_bf16(const uint8_t *group, const float *d, const float *m, int i, __m512i *row0,
                                     __m512i *row1) {
     __m512i tables = (__m512i)_mm512_cvtne2ps_pbh(q4_table(d, m, i + 1), q4_table(d, m, i));
