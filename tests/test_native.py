@@ -165,6 +165,42 @@ def test_rows_attention_matches_softmax_attention(d, s, t, g):
     assert torch.allclose(got, reference_attention(qs, k, v, d ** -0.5, t, mask), rtol=1e-5, atol=2e-6)
 
 
+def tree_parents(t: int) -> list[int]:
+    """A small tree laid out parents first: siblings and chains (node i's parent is node max(0, i - 2))."""
+    return [-1] + [max(0, i - 2) for i in range(1, t)]
+
+
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    """(t, t) bool: node i sees itself and its ancestors."""
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for i in range(1, len(parents)):
+        mask[i] |= mask[parents[i]]
+    return mask
+
+
+@needs_attention
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("prefix", [1, 16, 37, 300])
+def test_a_tree_row_is_bitwise_the_row_its_path_gives_alone(d, prefix):
+    """A verified node's attention is what AR's step computes for that token once its ancestors are committed: the
+    keys of the prefix, then its path's keys in order, one new token (t = 1). Bitwise, for trees of 2 to 16 nodes
+    whose new tokens fall in other lanes than AR's (the sum must add each in AR's lane)."""
+    gen = torch.Generator().manual_seed(prefix * 3 + d)
+    hkv, g = 2, 3
+    for t in (2, 5, 9, 16):
+        parents = tree_parents(t)
+        mask = tree_mask(parents)
+        k = torch.randn(hkv, prefix + t, d, generator=gen)
+        v = torch.randn(hkv, prefix + t, d, generator=gen)
+        qs = torch.randn(hkv, g * t, d, generator=gen) * 2
+        tree = rows_attention.attend_rows(qs, k, v, d ** -0.5, t, mask)
+        for node in range(t):
+            path = [prefix + j for j in range(t) if mask[node, j]]  # ancestors, then the node: slot order
+            keys = list(range(prefix)) + path
+            alone = rows_attention.attend_rows(qs[:, node::t].contiguous(), k[:, keys], v[:, keys], d ** -0.5, 1, None)
+            assert torch.equal(alone, tree[:, node::t]), (t, node)
+
+
 @needs_attention
 def test_rows_attention_declines_other_head_sizes_and_dtypes():
     q, k = torch.randn(2, 3, 32), torch.randn(2, 10, 32)
@@ -232,6 +268,38 @@ def test_native_stack_computes_what_the_pytorch_path_computes(family):
         lean.native_stack = stack
         assert torch.equal(hidden[0], hidden[1]), t
         assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1]), t
+
+
+@needs_stack
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2"])
+def test_a_verified_row_is_bitwise_the_row_ar_computes(family):
+    """Through the native decoder stack, the logits of every node of a verified tree are bitwise those AR's step
+    computes for that token after committing its ancestors one by one: TokenSwift's tokens are AR's by construction,
+    not only where no near-tie happens to fall."""
+    model = head_dim_64_model(family)
+    adapter = ts.Generator(model).adapter
+    lean = adapter.lean
+    assert lean.native_stack is not None
+    ids = torch.randint(0, 256, (130,), generator=torch.Generator().manual_seed(6))
+    n = 107  # not a multiple of 16: the tree's new tokens fall in other lanes than AR's
+
+    def prefilled() -> KVCache:
+        cache = KVCache(adapter.layer_devices, n + 20, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
+        lean.forward(ids[:n], torch.arange(n), cache, 0, torch.ones(n, n, dtype=torch.bool).tril())
+        return cache
+
+    for t in (2, 6, 16):
+        parents = tree_parents(t)
+        mask = tree_mask(parents)
+        tokens = ids[n : n + t]
+        hidden, _ = lean.forward(tokens, n + mask.sum(1) - 1, prefilled(), n, mask)
+        tree_logits = lean.logits(hidden)
+        for node in range(t):
+            path = [j for j in range(t) if mask[node, j]]
+            cache = prefilled()
+            for depth, j in enumerate(path):  # AR: one token at a time
+                h, _ = lean.forward(tokens[j : j + 1], torch.tensor([n + depth]), cache, n + depth, None)
+            assert torch.equal(lean.logits(h)[0], tree_logits[node]), (family, t, node)
 
 
 @needs_attention
@@ -647,8 +715,8 @@ def test_every_struct_crossing_into_c_has_the_size_c_gives_it():
 @needs_stack
 def test_the_kernels_refuse_sizes_and_slots_out_of_range():
     """Bounds are checked in C, not only by the Python wrappers: a head size past rotate's buffer, a slot past
-    the cache, a tree whose parents do not precede their children, a scratch too small are refused before any
-    write."""
+    the cache, more new tokens than attention's path buffer holds, a tree whose parents do not precede their
+    children, a scratch too small are refused before any write."""
     import numpy as np
 
     lib = layers._library()
@@ -666,6 +734,11 @@ def test_the_kernels_refuse_sizes_and_slots_out_of_range():
                               None, 256, 1, 1, d, 256, 1e-6, 1.0, scratch.data_ptr(), scratch.numel(), None)
         assert code == -1, (d, start)
     assert torch.equal(h, torch.zeros(1, 256))
+    attend = rows_attention._function()  # more new tokens than a row's path buffer holds
+    q, kv, out = torch.randn(1, 49, 64), torch.randn(1, 60, 64), torch.empty(1, 49, 64)
+    scores = torch.empty(49 * 64)
+    assert attend(q.data_ptr(), kv.data_ptr(), kv.data_ptr(), 60 * 64, out.data_ptr(), 1, 49, 49, 60, 64, 0.125, None,
+                  scores.data_ptr(), scores.numel()) == -1
     vocab = 100
     logits = torch.randn(3, vocab)
     history = torch.zeros(4, dtype=torch.int64)

@@ -2,10 +2,18 @@
 
    Why: PyTorch's batched matmuls for 3 to 48 stacked query rows over a KV head run far below this CPU's
    memory bandwidth, and the softmax between them is a separate pass. Here, per KV head, the keys are
-   read once: for one new token (the query heads of its group) as lane-reduced dot products, for more in
-   blocks of 16 transposed in registers into a small buffer, so that every query row takes 16 scores per
-   fused multiply-add; the softmax runs on vectors with our own exp, and the values are read once per
-   group of rows kept in registers.
+   read once: on AVX-512 transposed 16 at a time in registers into a small buffer, so that every query row
+   takes 16 scores per fused multiply-add; on AVX2 eight keys at a time, each row's dot products reduced
+   together by a tree of horizontal adds; the softmax runs on vectors with our own exp, and the values are
+   read once per group of rows kept in registers.
+
+   A verified row is the row AR computes, bitwise. Each score is the same products and sums whatever the
+   number of rows and wherever its key sits (one kernel per build for every row count: AVX-512's transposition
+   was as fast as its lane-reduced form for one token, AVX2's reduced form as fast as its transposition for
+   1 to 16 tokens); a masked key weighs an exact zero; and the softmax's sum adds each new token a row sees
+   in the lane AR would have added it in, the lane of its position along the row's path (a tree's nodes are
+   laid out parents first, so a row's visible new tokens are its path in order). So the output of a tree's row
+   is bitwise that of the same token decoded alone after its ancestors, and TokenSwift's tokens are AR's.
 
    q: (hkv, rows, d) contiguous, rows = g query heads x t new tokens (row r is token r % t).
    k, v: per KV head, keys 0..s-1 with a row stride of d floats and head_stride floats between heads.
@@ -13,26 +21,22 @@
    block_mask[(r % t) * t + j] is nonzero (block_mask may be NULL: all visible).
    out: (hkv, rows, d). scratch: attend_rows_scratch(rows, s) floats for the scores (passed by the caller:
    nothing is allocated per call). Returns 0, KERNEL_BAD_ARGUMENTS for a head size it does not handle (64 and 128
-   only: the key tile below holds 128 columns) or counts out of range, or KERNEL_SMALL_SCRATCH. */
+   only: the key tile below holds 128 columns) or counts out of range (t at most MAX_NEW_TOKENS), or KERNEL_SMALL_SCRATCH. */
 #include <math.h>
 #include <string.h>
 #include "kernels.h"
 #include "vector_exp.h"
 
 #define KEYS 16
-#if defined(__AVX512F__)
-#define DIRECT(t) ((t) == 1)  /* scores_direct for t new tokens: no transposition of the keys to share */
-#else
-#define DIRECT(t) ((t) <= 8)  /* AVX2: measured as fast as the transposition or faster up to 9 tokens (27 rows) */
-#endif
+#define MAX_NEW_TOKENS 48  /* new tokens per call (rows_attention.MAX_ROWS stacked rows at most) */
 #ifndef VALUE_AHEAD
 #define VALUE_AHEAD 8  /* values prefetched this many keys ahead */
 #endif
 #ifndef KEY_AHEAD
-#define KEY_AHEAD 8  /* keys prefetched this many keys ahead (one new token) */
+#define KEY_AHEAD 8  /* keys prefetched this many keys ahead (AVX2) */
 #endif
 #ifndef BLOCK_AHEAD
-#define BLOCK_AHEAD 2  /* key blocks of 16 prefetched this many blocks ahead (several new tokens) */
+#define BLOCK_AHEAD 1  /* key blocks of 16 prefetched this many blocks ahead (AVX-512) */
 #endif
 #ifndef AHEAD_HINT
 #define AHEAD_HINT _MM_HINT_T0
@@ -66,32 +70,6 @@ static inline void transpose16(vf r[16]) {
     }
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
-#else
-/* AVX2: keys block[0..n) (n <= 16, a row stride of d floats) transposed into kt[(c) * KEYS + i] for every
-   column c < d, zero for i >= n: 8 x 8 tiles in registers. */
-static inline void transpose_keys(const float *block, int n, int d, float *kt) {
-    for (int c = 0; c < d; c += 8)
-        for (int i0 = 0; i0 < KEYS; i0 += 8) {
-            __m256 r[8], t[8], u[8];
-            for (int i = 0; i < 8; i++)
-                r[i] = i0 + i < n ? _mm256_loadu_ps(block + (size_t)(i0 + i) * d + c) : _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      /* a0 b0 a1 b1 | a4 b4 a5 b5 */
-                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);  /* a2 b2 a3 b3 | a6 b6 a7 b7 */
-            }
-            for (int i = 0; i < 2; i++) {  /* rows 4i..4i+3: columns (0 | 4), (1 | 5), (2 | 6), (3 | 7) */
-                u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-                u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-                u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-                u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-            }
-            for (int j = 0; j < 4; j++) {
-                _mm256_store_ps(kt + (size_t)(c + j) * KEYS + i0, _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
-                _mm256_store_ps(kt + (size_t)(c + 4 + j) * KEYS + i0, _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
-            }
-        }
-}
-#endif
 
 /* scores[r][0..s) = scale * q_r . k_j, keys transposed 16 at a time (in registers) into a small buffer so
    that every query row takes 16 scores per fused multiply-add. */
@@ -101,23 +79,20 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
     for (int s0 = 0; s0 < s; s0 += KEYS) {
         int n = s - s0 < KEYS ? s - s0 : KEYS;
         const float *block = k + (size_t)s0 * d;
-        if (s0 + BLOCK_AHEAD * KEYS < s) {  /* a block ahead of the stream (the cache comes from memory) */
-            const char *ahead = (const char *)(block + (size_t)BLOCK_AHEAD * KEYS * d);
-            for (int line = 0; line < KEYS * d * 4; line += 64) _mm_prefetch(ahead + line, AHEAD_HINT);
-        }
-#if defined(__AVX512F__)
+        /* the block BLOCK_AHEAD ahead of the stream (the cache comes from memory), a quarter (d = 64) or an eighth
+           per column tile: spread out, not in one burst (measured: 3-7% faster, 1K and 16K keys, 1 to 12 tokens) */
+        const char *ahead = (const char *)(block + (size_t)BLOCK_AHEAD * KEYS * d);
+        const int share = KEYS * d * 4 / (d / 16), fetch = s0 + BLOCK_AHEAD * KEYS < s;
         for (int c = 0; c < d; c += 16) {
+            if (fetch)
+                for (int line = 0; line < share; line += 64) _mm_prefetch(ahead + (c / 16) * share + line, AHEAD_HINT);
             vf tile[16];
             for (int i = 0; i < 16; i++) tile[i] = i < n ? vf_loadu(block + (size_t)i * d + c) : vf_zero();
             transpose16(tile);
             for (int j = 0; j < 16; j++) vf_store(kt + (c + j) * KEYS, tile[j]);
         }
-#else
-        transpose_keys(block, n, d, kt);
-#endif
         const vmask keep = (vmask)((1u << n) - 1u);
         int r = 0;
-#if defined(__AVX512F__)
         /* four rows at a time: each transposed key vector is loaded once for four rows, and the eight
            accumulator chains keep both FMA ports busy (per row the sums are the same as one row alone) */
         for (; r + 4 <= rows; r += 4) {
@@ -141,23 +116,6 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
             vf_mask_storeu(out + 2 * (size_t)s_pad, keep, vf_mul(vf_add(c0, c1), sc));
             vf_mask_storeu(out + 3 * (size_t)s_pad, keep, vf_mul(vf_add(e0, e1), sc));
         }
-#else
-        /* AVX2 (16 registers of 8 floats): two rows at a time, four accumulator chains */
-        for (; r + 2 <= rows; r += 2) {
-            const float *q0 = q + (size_t)r * d, *q1 = q0 + d;
-            vf a0 = vf_zero(), a1 = vf_zero(), b0 = vf_zero(), b1 = vf_zero();
-            for (int j = 0; j < d; j += 2) {
-                vf k0 = vf_load(kt + j * KEYS), k1 = vf_load(kt + (j + 1) * KEYS);
-                a0 = vf_fmadd(vf_set1(q0[j]), k0, a0);
-                a1 = vf_fmadd(vf_set1(q0[j + 1]), k1, a1);
-                b0 = vf_fmadd(vf_set1(q1[j]), k0, b0);
-                b1 = vf_fmadd(vf_set1(q1[j + 1]), k1, b1);
-            }
-            float *out = scores + (size_t)r * s_pad + s0;
-            vf_mask_storeu(out, keep, vf_mul(vf_add(a0, a1), sc));
-            vf_mask_storeu(out + s_pad, keep, vf_mul(vf_add(b0, b1), sc));
-        }
-#endif
         for (; r < rows; r++) {
             const float *qr = q + (size_t)r * d;
             vf a0 = vf_zero(), a1 = vf_zero();
@@ -170,23 +128,8 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
     }
 }
 
-#if defined(__AVX512F__)
-/* The same for few rows: each key is read once, its dot product with every row reduced across lanes
-   (cheaper than transposing the keys when there are few rows to share the transposition). */
-static void scores_direct(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
-    for (int j = 0; j < s; j++) {
-        const float *key = k + (size_t)j * d;
-        for (int c = 0; c < d; c += 16) _mm_prefetch((const char *)(key + KEY_AHEAD * d + c), AHEAD_HINT);
-        for (int r = 0; r < rows; r++) {
-            const float *qr = q + (size_t)r * d;
-            vf acc = vf_mul(vf_loadu(qr), vf_loadu(key));
-            for (int c = 16; c < d; c += 16) acc = vf_fmadd(vf_loadu(qr + c), vf_loadu(key + c), acc);
-            scores[(size_t)r * s_pad + j] = vf_reduce_add(acc) * scale;
-        }
-    }
-}
 #else
-/* AVX2: for few rows, eight keys at a time (a block of 2 KiB or 4 KiB, kept in the L1 cache while every row
+/* AVX2: scores eight keys at a time (a block of 2 KiB or 4 KiB, kept in the L1 cache while every row
    takes it): per row, eight accumulators of 8 lanes, reduced together by a tree of horizontal adds, which
    costs about what one lane reduction of a single key does. A key's sum is the same whatever the rows (and
    the tail block zero-fills its missing keys, so every key is reduced in the same order). */
@@ -205,7 +148,7 @@ static inline __m256 dots8(const float *qr, const float *block, int n, int d) {
     return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
 }
 
-static void scores_direct(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
+static void scores_of(const float *q, const float *k, float *scores, int rows, int s, int s_pad, int d, float scale) {
     const __m256 sc = _mm256_set1_ps(scale);
     for (int j = 0; j < s; j += 8) {
         int n = s - j < 8 ? s - j : 8;
@@ -225,8 +168,21 @@ static void scores_direct(const float *q, const float *k, float *scores, int row
 }
 #endif
 
-/* Row-wise softmax over [0, s) in place; returns nothing, lanes past s are left alone. */
-static void softmax_rows(float *scores, int rows, int s, int s_pad) {
+/* Whether a row's visible new tokens are the first ones (0 .. v-1, none after): then each sits in the lane AR's step
+   adds it in, and the keys it does not see come after it, weighing zero. */
+static int sees_in_order(const unsigned char *seen, int t) {
+    int i = 0;
+    while (i < t && seen[i]) i++;
+    while (i < t && !seen[i]) i++;
+    return i == t;
+}
+
+/* Row-wise softmax over [0, s) in place (lanes past s are left alone). The sum runs lane by lane as AR's step runs
+   it, 16 keys a vector: the prefix's keys (the first s - t), then the new tokens the row sees at their positions
+   along its path, in path order (laid out so where a tree's row skips a sibling); a key the row does not see
+   weighs exp(-inf) = 0. */
+static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const unsigned char *block_mask) {
+    const int prefix = s - t;
     for (int r = 0; r < rows; r++) {
         float *row = scores + (size_t)r * s_pad;
         vf m = vf_set1(-INFINITY);
@@ -236,16 +192,28 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad) {
         if (s - j) m = vf_mask_max(m, tail, m, vf_maskz_loadu(tail, row + j));
         vf peak = vf_set1(vf_reduce_max(m));
         vf total = vf_zero();
-        for (j = 0; j + KEYS <= s; j += KEYS) {
+        for (j = 0; j + KEYS <= prefix; j += KEYS) {
             vf e = exp_nonpositive(vf_sub(vf_loadu(row + j), peak));
             vf_storeu(row + j, e);
             total = vf_add(total, e);
         }
-        if (s - j) {
-            vf e = vf_maskz_mov(tail, exp_nonpositive(vf_sub(vf_maskz_loadu(tail, row + j), peak)));
-            vf_mask_storeu(row + j, tail, e);
-            total = vf_add(total, e);
+        for (int at = j; at < s; at += KEYS) {  /* the prefix's last keys and the new tokens */
+            vmask part = (vmask)((1u << (s - at < KEYS ? s - at : KEYS)) - 1u);
+            vf_mask_storeu(row + at, part, vf_maskz_mov(part, exp_nonpositive(vf_sub(vf_maskz_loadu(part, row + at), peak))));
         }
+        const unsigned char *seen = block_mask ? block_mask + (size_t)(r % t) * t : NULL;
+        const float *rest = row + j;  /* from the last whole block of the prefix: AR's layout of the row's keys */
+        float path[KEYS - 1 + MAX_NEW_TOKENS];
+        int n = s - j;
+        if (seen && !sees_in_order(seen, t)) {
+            n = prefix - j;
+            for (int i = 0; i < n; i++) path[i] = row[j + i];
+            for (int i = 0; i < t; i++)
+                if (seen[i]) path[n++] = row[prefix + i];
+            rest = path;
+        }
+        for (int at = 0; at < n; at += KEYS)
+            total = vf_add(total, vf_maskz_loadu((vmask)((1u << (n - at < KEYS ? n - at : KEYS)) - 1u), rest + at));
         vf inv = vf_set1(1.0f / vf_reduce_add(total));
         for (j = 0; j + KEYS <= s; j += KEYS) vf_storeu(row + j, vf_mul(vf_loadu(row + j), inv));
         if (s - j) vf_mask_storeu(row + j, tail, vf_mul(vf_maskz_loadu(tail, row + j), inv));
@@ -350,7 +318,7 @@ long attend_rows_scratch(int rows, int s) {
 
 int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,
                 int t, int s, int d, float scale, const unsigned char *block_mask, float *scratch, long scratch_floats) {
-    if ((d != 64 && d != 128) || hkv < 1 || t < 1 || rows < 1 || s < t || (hkv > 1 && head_stride < (long)s * d))
+    if ((d != 64 && d != 128) || hkv < 1 || t < 1 || t > MAX_NEW_TOKENS || rows < 1 || s < t || (hkv > 1 && head_stride < (long)s * d))
         return KERNEL_BAD_ARGUMENTS;
     if (scratch == NULL || scratch_floats < attend_rows_scratch(rows, s)) return KERNEL_SMALL_SCRATCH;
     int s_pad = (s + KEYS - 1) / KEYS * KEYS;
@@ -359,15 +327,14 @@ int attend_rows(const float *q, const float *k, const float *v, long head_stride
     for (int h = 0; h < hkv; h++) {
         const float *qh = q + (size_t)h * rows * d;
         const float *kh = k + (size_t)h * head_stride, *vh = v + (size_t)h * head_stride;
-        if (DIRECT(t)) scores_direct(qh, kh, scores, rows, s, s_pad, d, scale);
-        else scores_of(qh, kh, scores, rows, s, s_pad, d, scale);
+        scores_of(qh, kh, scores, rows, s, s_pad, d, scale);
         if (block_mask)
             for (int r = 0; r < rows; r++) {
                 const unsigned char *allowed = block_mask + (size_t)(r % t) * t;
                 float *row = scores + (size_t)r * s_pad + prefix;
                 for (int j = 0; j < t; j++) if (!allowed[j]) row[j] = -INFINITY;
             }
-        softmax_rows(scores, rows, s, s_pad);
+        softmax_rows(scores, rows, s, s_pad, t, block_mask);
         float *oh = out + (size_t)h * rows * d;
         if (d == 64) values_d64(scores, vh, oh, rows, s, s_pad);
         else values_d128(scores, vh, oh, rows, s, s_pad);
