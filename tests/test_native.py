@@ -180,14 +180,15 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
 
 @needs_attention
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("prefix", [1, 16, 37, 300])
+@pytest.mark.parametrize("prefix", [1, 16, 31, 37, 300])
 def test_a_tree_row_is_bitwise_the_row_its_path_gives_alone(d, prefix):
     """A verified node's attention is what AR's step computes for that token once its ancestors are committed: the
-    keys of the prefix, then its path's keys in order, one new token (t = 1). Bitwise, for trees of 2 to 16 nodes
-    whose new tokens fall in other lanes than AR's (the sum must add each in AR's lane)."""
+    keys of the prefix, then its path's keys in order, one new token (t = 1). Bitwise, for trees of 2 to 48 nodes
+    whose new tokens fall in other lanes than AR's (the sum must add each in AR's lane; 48 nodes after a prefix of
+    31 fill the kernel's path buffer)."""
     gen = torch.Generator().manual_seed(prefix * 3 + d)
-    hkv, g = 2, 3
-    for t in (2, 5, 9, 16):
+    hkv = 2
+    for t, g in ((2, 3), (5, 3), (9, 3), (16, 3), (48, 1)):
         parents = tree_parents(t)
         mask = tree_mask(parents)
         k = torch.randn(hkv, prefix + t, d, generator=gen)
@@ -279,7 +280,11 @@ def test_a_verified_row_is_bitwise_the_row_ar_computes(family):
     model = head_dim_64_model(family)
     adapter = ts.Generator(model).adapter
     lean = adapter.lean
-    assert lean.native_stack is not None
+    stack = lean.native_stack
+    assert stack is not None
+    served = []  # every forward below must run through the stack (a PyTorch fallback would prove nothing)
+    stack_run = stack.run
+    stack.run = lambda *args: served.append(stack_run(*args)) or served[-1]
     ids = torch.randint(0, 256, (130,), generator=torch.Generator().manual_seed(6))
     n = 107  # not a multiple of 16: the tree's new tokens fall in other lanes than AR's
 
@@ -288,9 +293,11 @@ def test_a_verified_row_is_bitwise_the_row_ar_computes(family):
         lean.forward(ids[:n], torch.arange(n), cache, 0, torch.ones(n, n, dtype=torch.bool).tril())
         return cache
 
+    forwards = 0
     for t in (2, 6, 16):
         parents = tree_parents(t)
         mask = tree_mask(parents)
+        forwards += 1 + int(mask.sum())  # the tree's, then one per token of every node's path
         tokens = ids[n : n + t]
         hidden, _ = lean.forward(tokens, n + mask.sum(1) - 1, prefilled(), n, mask)
         tree_logits = lean.logits(hidden)
@@ -300,6 +307,7 @@ def test_a_verified_row_is_bitwise_the_row_ar_computes(family):
             for depth, j in enumerate(path):  # AR: one token at a time
                 h, _ = lean.forward(tokens[j : j + 1], torch.tensor([n + depth]), cache, n + depth, None)
             assert torch.equal(lean.logits(h)[0], tree_logits[node]), (family, t, node)
+    assert len(served) == forwards and all(served)
 
 
 @needs_attention
@@ -735,10 +743,11 @@ def test_the_kernels_refuse_sizes_and_slots_out_of_range():
         assert code == -1, (d, start)
     assert torch.equal(h, torch.zeros(1, 256))
     attend = rows_attention._function()  # more new tokens than a row's path buffer holds
-    q, kv, out = torch.randn(1, 49, 64), torch.randn(1, 60, 64), torch.empty(1, 49, 64)
+    q, kv, out = torch.randn(1, 49, 64), torch.randn(1, 60, 64), torch.zeros(1, 49, 64)
     scores = torch.empty(49 * 64)
     assert attend(q.data_ptr(), kv.data_ptr(), kv.data_ptr(), 60 * 64, out.data_ptr(), 1, 49, 49, 60, 64, 0.125, None,
                   scores.data_ptr(), scores.numel()) == -1
+    assert torch.equal(out, torch.zeros(1, 49, 64))
     vocab = 100
     logits = torch.randn(3, vocab)
     history = torch.zeros(4, dtype=torch.int64)

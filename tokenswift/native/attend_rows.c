@@ -9,11 +9,12 @@
 
    A verified row is the row AR computes, bitwise. Each score is the same products and sums whatever the
    number of rows and wherever its key sits (one kernel per build for every row count: AVX-512's transposition
-   was as fast as its lane-reduced form for one token, AVX2's reduced form as fast as its transposition for
-   1 to 16 tokens); a masked key weighs an exact zero; and the softmax's sum adds each new token a row sees
-   in the lane AR would have added it in, the lane of its position along the row's path (a tree's nodes are
-   laid out parents first, so a row's visible new tokens are its path in order). So the output of a tree's row
-   is bitwise that of the same token decoded alone after its ancestors, and TokenSwift's tokens are AR's.
+   was as fast as its lane-reduced form for one token, AVX2's reduced form, already used up to 8 tokens, as fast
+   as its transposition for 10 to 16); a masked key weighs an exact zero; and the softmax's sum adds each new
+   token a row sees in the lane AR would have added it in, the lane of its position along the row's path (a
+   tree's nodes are laid out parents first, so a row's visible new tokens are its path in order). So the output
+   of a tree's row is bitwise that of the same token decoded alone after its ancestors by this same build, and
+   TokenSwift's tokens are AR's.
 
    q: (hkv, rows, d) contiguous, rows = g query heads x t new tokens (row r is token r % t).
    k, v: per KV head, keys 0..s-1 with a row stride of d floats and head_stride floats between heads.
@@ -80,11 +81,11 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
     for (int s0 = 0; s0 < s; s0 += KEYS) {
         int n = s - s0 < KEYS ? s - s0 : KEYS;
         const float *block = k + (size_t)s0 * d;
-        /* the block BLOCK_AHEAD ahead of the stream (the cache comes from memory), a quarter (d = 64) or an eighth
-           per column tile: spread out, not in one burst (measured: 2-7% faster for 2 to 12 tokens over 1K and 16K
-           keys; one token as fast) */
+        /* the block BLOCK_AHEAD ahead of the stream (the cache comes from memory), spread over the column tiles
+           (its bytes / (d / 16): 1 KiB per tile), not in one burst: measured 3-6% faster for 4 to 12 tokens over
+           1K keys and for 4 and 6 over 16K; for 1 and 2 tokens within the host's noise */
         const char *ahead = (const char *)(block + (size_t)BLOCK_AHEAD * KEYS * d);
-        const int share = KEYS * d * 4 / (d / 16), fetch = s0 + BLOCK_AHEAD * KEYS < s;
+        const int share = KEYS * d * (int)sizeof(float) / (d / 16), fetch = s0 + BLOCK_AHEAD * KEYS < s;
         for (int c = 0; c < d; c += 16) {
             if (fetch)
                 for (int line = 0; line < share; line += 64) _mm_prefetch(ahead + (c / 16) * share + line, AHEAD_HINT);
@@ -181,8 +182,8 @@ static int sees_in_order(const unsigned char *seen, int t) {
 
 /* Row-wise softmax over [0, s) in place (lanes past s are left alone). The sum runs lane by lane as AR's step runs
    it, 16 keys a vector: the prefix's keys (the first s - t), then the new tokens the row sees at their positions
-   along its path, in path order (laid out so where a tree's row skips a sibling); a key the row does not see
-   weighs exp(-inf) = 0. */
+   along its path, in path order (gathered into a buffer where a tree's row skips a sibling); a key the row does not
+   see weighs exp(-inf) = 0, and so adds +0 to its lane and nothing to the values' sums (values are finite). */
 static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const unsigned char *block_mask) {
     const int prefix = s - t;
     for (int r = 0; r < rows; r++) {
@@ -202,11 +203,11 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const
         for (int at = j; at < s; at += KEYS) {  /* the prefix's last keys and the new tokens */
             vmask part = (vmask)((1u << (s - at < KEYS ? s - at : KEYS)) - 1u);
             vf e = exp_nonpositive(vf_sub(vf_maskz_loadu(part, row + at), peak));
-            vf_mask_storeu(row + at, part, vf_maskz_mov(part, e));
+            vf_mask_storeu(row + at, part, e);
         }
         const unsigned char *seen = block_mask ? block_mask + (size_t)(r % t) * t : NULL;
         const float *rest = row + j;  /* from the last whole block of the prefix: AR's layout of the row's keys */
-        float path[KEYS - 1 + MAX_NEW_TOKENS];
+        float path[KEYS - 1 + MAX_NEW_TOKENS];  /* the prefix's last 15 keys at most, then the row's path */
         int n = s - j;
         if (seen && !sees_in_order(seen, t)) {
             n = prefix - j;
@@ -321,7 +322,8 @@ long attend_rows_scratch(int rows, int s) {
 
 int attend_rows(const float *q, const float *k, const float *v, long head_stride, float *out, int hkv, int rows,
                 int t, int s, int d, float scale, const unsigned char *block_mask, float *scratch, long scratch_floats) {
-    if ((d != 64 && d != 128) || hkv < 1 || t < 1 || t > MAX_NEW_TOKENS || rows < 1 || s < t || (hkv > 1 && head_stride < (long)s * d))
+    if ((d != 64 && d != 128) || hkv < 1 || t < 1 || t > MAX_NEW_TOKENS || rows < 1 || s < t
+            || (hkv > 1 && head_stride < (long)s * d))
         return KERNEL_BAD_ARGUMENTS;
     if (scratch == NULL || scratch_floats < attend_rows_scratch(rows, s)) return KERNEL_SMALL_SCRATCH;
     int s_pad = (s + KEYS - 1) / KEYS * KEYS;
