@@ -258,10 +258,7 @@ def test_native_stack_computes_what_the_pytorch_path_computes(family):
             lean.native_stack = stack if use_stack else None
             cache = KVCache(adapter.layer_devices, 160, adapter.num_kv_heads, adapter.head_dim, adapter.cache_dtype)
             lean.forward(ids[:100], torch.arange(100), cache, 0, torch.ones(100, 100, dtype=torch.bool).tril())
-            parents = [-1] + [max(0, i - 2) for i in range(1, t)]  # a small tree: siblings and chains
-            mask = torch.eye(t, dtype=torch.bool)
-            for i in range(1, t):
-                mask[i] |= mask[parents[i]]
+            mask = tree_mask(tree_parents(t))  # a small tree: siblings and chains
             depths = mask.sum(1) - 1
             h, _ = lean.forward(ids[100 : 100 + t], 100 + depths, cache, 100, mask if t > 1 else None)
             hidden.append(h)

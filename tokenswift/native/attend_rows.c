@@ -171,6 +171,9 @@ static void scores_of(const float *q, const float *k, float *scores, int rows, i
 }
 #endif
 
+/* The first n lanes (0 <= n <= KEYS). */
+static inline vmask first_lanes(int n) { return (vmask)((1u << (n < KEYS ? n : KEYS)) - 1u); }
+
 /* Whether a row's visible new tokens are the first ones (0 .. v-1, none after): then each sits in the lane AR's step
    adds it in, and the keys it does not see come after it, weighing zero. */
 static int sees_in_order(const unsigned char *seen, int t) {
@@ -191,7 +194,7 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const
         vf m = vf_set1(-INFINITY);
         int j = 0;
         for (; j + KEYS <= s; j += KEYS) m = vf_max(m, vf_loadu(row + j));
-        vmask tail = (vmask)((1u << (s - j)) - 1u);
+        vmask tail = first_lanes(s - j);
         if (s - j) m = vf_mask_max(m, tail, m, vf_maskz_loadu(tail, row + j));
         vf peak = vf_set1(vf_reduce_max(m));
         vf total = vf_zero();
@@ -201,7 +204,7 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const
             total = vf_add(total, e);
         }
         for (int at = j; at < s; at += KEYS) {  /* the prefix's last keys and the new tokens */
-            vmask part = (vmask)((1u << (s - at < KEYS ? s - at : KEYS)) - 1u);
+            vmask part = first_lanes(s - at);
             vf e = exp_nonpositive(vf_sub(vf_maskz_loadu(part, row + at), peak));
             vf_mask_storeu(row + at, part, e);
         }
@@ -217,7 +220,7 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const
             rest = path;
         }
         for (int at = 0; at < n; at += KEYS)
-            total = vf_add(total, vf_maskz_loadu((vmask)((1u << (n - at < KEYS ? n - at : KEYS)) - 1u), rest + at));
+            total = vf_add(total, vf_maskz_loadu(first_lanes(n - at), rest + at));
         vf inv = vf_set1(1.0f / vf_reduce_add(total));
         for (j = 0; j + KEYS <= s; j += KEYS) vf_storeu(row + j, vf_mul(vf_loadu(row + j), inv));
         if (s - j) vf_mask_storeu(row + j, tail, vf_mul(vf_maskz_loadu(tail, row + j), inv));
