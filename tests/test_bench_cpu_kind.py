@@ -20,8 +20,9 @@ AVX2 = set(build.VARIANTS["avx2"].cpu)
 
 def test_each_cpu_kind_gets_its_native_variant_and_the_ones_to_compare_it_with():
     assert ck.native_variant(AMX) == "amx" and ck.default_variants(AMX) == ["native", "avx2"]
-    assert ck.native_variant(AVX512_BF16) == "avx512"  # the BF16 build is opt-in: never native
-    assert ck.default_variants(AVX512_BF16) == ["native", "avx2", "avx512bf16"]
+    assert ck.native_variant(AVX512_BF16) == "avx512bf16"
+    assert ck.default_variants(AVX512_BF16) == ["native", "avx2", "avx512"]
+    assert ck.native_variant(AVX512) == "avx512"
     assert ck.default_variants(AVX512) == ["native", "avx2"]
     assert ck.default_variants(AVX2) == ["native"]
     assert ck.native_variant({"sse2"}) is None

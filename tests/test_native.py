@@ -686,7 +686,7 @@ def test_a_transient_build_failure_is_not_remembered(tmp_path, body):
 def test_a_better_variant_that_does_not_build_leaves_the_next_one(tmp_path):
     """Where the best variant this CPU runs does not build (a compiler without -mamx-tile, say), the next one
     loads, in this process and, without a second try at the refused one, in the next."""
-    best = next(v for v in build.VARIANTS.values() if v.cpu <= build.cpu_flags() and not v.opt_in)
+    best = next(v for v in build.VARIANTS.values() if v.cpu <= build.cpu_flags())
     if best.name == "avx2":
         pytest.skip("this CPU's best variant is the last one")
     refused = best.flags[-1]
@@ -769,8 +769,8 @@ def test_the_kernel_variant_is_described_in_one_line():
 # Variants of the kernels this CPU can run besides its native build: each reruns this file in a fresh process,
 # where the forced variant's libraries are built (cached apart from the native ones) and self-checked.
 VARIANT_ENV = "TOKENSWIFT_TEST_VARIANT"  # set in those processes: they do not start variants again
-FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512-without-amx": {"TOKENSWIFT_ISA": "avx512"},
-                   "avx512bf16": {"TOKENSWIFT_ISA": "avx512bf16"}}  # the last one opt-in: never native
+FORCED_VARIANTS = {"avx2": {"TOKENSWIFT_ISA": "avx2"}, "avx512": {"TOKENSWIFT_ISA": "avx512"},
+                   "avx512bf16": {"TOKENSWIFT_ISA": "avx512bf16"}}
 
 
 def variant_unavailable(name: str) -> str:
@@ -786,21 +786,25 @@ def variant_unavailable(name: str) -> str:
             return "this CPU has no AVX2 with FMA"
         if loaded is None or loaded.name == "avx2":
             return "this run's kernels are the AVX2 build already (or none)"
-    if name == "avx512-without-amx":
+    if name == "avx512":
         if not build.VARIANTS["avx512"].cpu <= flags:
             return "this CPU has no AVX-512"
-        if loaded is None or loaded.name != "amx":
-            return "this run's kernels are not the AMX build: the AVX-512 build is this run's or out of reach"
-    if name == "avx512bf16" and not build.VARIANTS["avx512bf16"].cpu <= flags:
-        return "this CPU has no AVX-512 BF16"
+        if loaded is None or loaded.name == "avx512":
+            return "this run's kernels are the AVX-512 build already (or none)"
+    if name == "avx512bf16":
+        if not build.VARIANTS["avx512bf16"].cpu <= flags:
+            return "this CPU has no AVX-512 BF16"
+        if loaded is None or loaded.name == "avx512bf16":
+            return "this run's kernels are the AVX-512 BF16 build already (or none)"
     return ""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FORCED_VARIANTS))
 def test_the_kernel_tests_pass_for_each_variant_this_cpu_runs(name):
-    """On an AVX-512 CPU the AVX2 kernels (TOKENSWIFT_ISA=avx2) and the AVX-512 kernels without AMX (the bfloat16
-    panels an AMD EPYC with AVX-512 runs) pass this file's tests too, without skipping the bfloat16 panels."""
+    """Every variant this CPU runs besides its native one passes this file's tests too, without skipping the
+    bfloat16 panels: on an AVX-512 CPU the AVX2 kernels (TOKENSWIFT_ISA=avx2), and the AVX-512 builds with and
+    without AVX-512 BF16 where the CPU has it (an AMD EPYC Zen 4 tests all three)."""
     reason = variant_unavailable(name)
     if reason:
         pytest.skip(reason)

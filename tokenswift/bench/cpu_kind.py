@@ -23,8 +23,8 @@ The steps (see `plan`):
     which variant's weight products serve its shape best on this CPU.
 
 The variants are the CPU's own (`native`) and, unless `--variants` names others, the AVX2 build where the CPU runs
-a wider one, plus the opt-in AVX-512 BF16 build on an AVX-512 CPU with BF16 and without AMX, where it is the
-candidate default. Speed ratios compare only runs made side by side: within one `bench speed` (paired), or
+a wider one, plus the plain AVX-512 build where the AVX-512 BF16 one is native (AVX-512 BF16 and no AMX: the
+variant that was this kind's default until session 38 measured it). Speed ratios compare only runs made side by side: within one `bench speed` (paired), or
 alternated `bench rows` rounds.
 """
 from __future__ import annotations
@@ -71,24 +71,24 @@ class Step:
 
 
 def runnable_variants(flags: set[str]) -> list[str]:
-    """The kernel variants this CPU can run, best first (opt-in ones included)."""
+    """The kernel variants this CPU can run, best first."""
     return [v.name for v in build.VARIANTS.values() if v.cpu <= flags]
 
 
 def native_variant(flags: set[str]) -> str | None:
     """The variant a process chooses by itself on this CPU (None: no variant runs here)."""
-    return next((v.name for v in build.VARIANTS.values() if v.cpu <= flags and not v.opt_in), None)
+    return next((v.name for v in build.VARIANTS.values() if v.cpu <= flags), None)
 
 
 def default_variants(flags: set[str]) -> list[str]:
-    """native, then the AVX2 build where the CPU runs a wider one, then the opt-in AVX-512 BF16 build where it is a
-    candidate default (AVX-512 BF16 and no AMX)."""
+    """native, then the AVX2 build where the CPU runs a wider one, then the plain AVX-512 build where the AVX-512
+    BF16 one is native (AVX-512 BF16 and no AMX)."""
     native = native_variant(flags)
     chosen = ["native"]
     if native is not None and native != "avx2":
         chosen.append("avx2")
-    if native == "avx512" and "avx512bf16" in runnable_variants(flags):
-        chosen.append("avx512bf16")
+    if native == "avx512bf16":
+        chosen.append("avx512")
     return chosen
 
 

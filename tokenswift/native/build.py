@@ -3,10 +3,10 @@ this folder, the variant chosen from the CPU's features at run time, each kernel
 
 Variants (as llama.cpp's CPU backend builds one library per variant and picks one by the CPU's features):
   amx     AVX-512 (F, BW, DQ, VL) and AMX tiles: Sapphire Rapids and later Xeons
-  avx512bf16  the same plus AVX-512 BF16 (AMD Zen 4 and 5, Cooper Lake): Q4_1 weights rebuilt as bfloat16 and
-          widened in registers (panel_q4.c). Opt-in only (TOKENSWIFT_ISA=avx512bf16): on the Sapphire Rapids host it
-          was measured on (forced), one row's products cost 8% less and four rows' 10% more than avx512's; on the
-          CPUs it is for it has not been measured (docs/performance.md, 2026-12-06 morning)
+  avx512bf16  AVX-512 (F, BW, DQ, VL) and AVX-512 BF16 without AMX (AMD Zen 4 and 5, Cooper Lake): Q4_1 weights
+          rebuilt as bfloat16 and widened in registers (panel_q4.c); every other kernel as avx512's. On a 2-vCPU AMD
+          EPYC (Zen 4) SmolLM2-135M's one-row step took 14.6 ms against avx512's 23.0, four rows 27.3 against 31.1
+          (docs/performance.md, 2026-12-07, session 38)
   avx512  AVX-512 (F, BW, DQ, VL): Skylake-X and later Xeons, AMD Zen 4 and 5
   avx2    AVX2 with FMA: Haswell and later, AMD Zen 1-3
 Each library is linked from separate compilation units (one per .c file; panel_amx.c in "amx" only), compiled with
@@ -63,7 +63,6 @@ class Variant:
     flags: tuple[str, ...]
     cpu: frozenset[str]
     sources: tuple[str, ...]
-    opt_in: bool = False  # only where TOKENSWIFT_ISA names it, never chosen as "native"
 
 
 VARIANTS = {v.name: v for v in (  # the best first
@@ -72,8 +71,7 @@ VARIANTS = {v.name: v for v in (  # the best first
                        "amx_bf16"}),
             UNITS + ("panel_amx.c",)),
     Variant("avx512bf16", _AVX512 + ("-mavx512bf16",),
-            frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"}), UNITS,
-            opt_in=True),
+            frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"}), UNITS),
     Variant("avx512", _AVX512, frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), UNITS),
     Variant("avx2", _AVX2, frozenset({"avx2", "fma", "f16c"}), UNITS),
 )}
@@ -170,10 +168,6 @@ def library() -> ctypes.CDLL | None:
             flags = cpu_flags()
             for candidate in ([VARIANTS[chosen]] if chosen != "native" else VARIANTS.values()):
                 missing = sorted(candidate.cpu - flags)
-                if candidate.opt_in and chosen == "native":
-                    if not missing:
-                        passed.append(f"{candidate.name}: opt-in ({ISA_ENV}={candidate.name})")
-                    continue
                 if missing:
                     passed.append(f"{candidate.name}: this CPU lacks {', '.join(missing)}")
                     continue

@@ -15,10 +15,12 @@
    registers as its 32 bfloat16 values (q4_row_pair_bf16, two rows at a time: the tables rounded by one conversion
    instruction, where the float32 lanes need five integer operations, and looked up 32 at a time), widened to
    float32 by two unpacks (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's
-   blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by up
-   to four rows of x.
-   Each output still has one accumulator, taking each block's two halves in turn, in the same order for any
-   number of rows: a row of a many-row call is bitwise the one-row call. */
+   blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by
+   one or two rows of x. Three rows or more rebuild each strip once into float32 scratch, in the same order, and
+   run the float32 passes over it: rebuilt in registers per pass of rows, a 3-row call cost as much as a 4-row one
+   and 16 rows 1.4-1.6x the strip's time (AMD EPYC Zen 4, docs/performance.md, session 38).
+   Each output still has one accumulator, taking each block's two halves in turn, the same multiply-adds in the
+   same order on either path and for any number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>
 #include <stdint.h>
 #include <immintrin.h>
@@ -57,6 +59,46 @@ static inline float q4v_sum(__m256 a) {
 
 static int q4_shape_ok(int m, int k, int n) {
     return m >= 0 && k >= Q4_K && k % Q4_K == 0 && n >= Q4_ROWS && n % Q4_ROWS == 0;
+}
+
+/* R rows of x (R, k) over a rebuilt strip (16, k): y[r][c] for the strip's 16 outputs (y's row stride n). */
+#define DEFINE_PASS(R)                                                                                 \
+static void q4_pass##R(const float *x, const float *strip, float *y, int k, int n) {                \
+    for (int c0 = 0; c0 < Q4_ROWS; c0 += Q4_COLS) {                                                 \
+        q4vec acc[R][Q4_COLS];                                                                        \
+        for (int r = 0; r < R; r++)                                                                   \
+            for (int c = 0; c < Q4_COLS; c++) acc[r][c] = Q4V_ZERO();                                 \
+        const float *w = strip + (size_t)c0 * k;                                                      \
+        for (int i = 0; i < k; i += LANES)                                                            \
+            for (int r = 0; r < R; r++) {                                                             \
+                q4vec xv = Q4V_LOAD(x + (size_t)r * k + i);                                           \
+                for (int c = 0; c < Q4_COLS; c++)                                                     \
+                    acc[r][c] = Q4V_FMA(Q4V_LOAD(w + (size_t)c * k + i), xv, acc[r][c]);              \
+            }                                                                                         \
+        for (int r = 0; r < R; r++)                                                                   \
+            for (int c = 0; c < Q4_COLS; c++) y[(size_t)r * n + c0 + c] = q4v_sum(acc[r][c]);         \
+    }                                                                                                 \
+}
+DEFINE_PASS(1)
+DEFINE_PASS(2)
+#if Q4_MAX_ROWS > 2
+DEFINE_PASS(3)
+DEFINE_PASS(4)
+#endif
+
+/* m rows of x (m, k) over strip nb rebuilt as (16, k) floats, Q4_MAX_ROWS rows a pass: y[r * n + nb * 16 ..]. */
+static void q4_strip_passes(const float *x, const float *strip, float *y, int m, int k, int n, int nb) {
+    typedef void (*pass_fn)(const float *, const float *, float *, int, int);
+#if Q4_MAX_ROWS > 2
+    static const pass_fn passes[Q4_MAX_ROWS + 1] = {0, q4_pass1, q4_pass2, q4_pass3, q4_pass4};
+#else
+    static const pass_fn passes[Q4_MAX_ROWS + 1] = {0, q4_pass1, q4_pass2};
+#endif
+    for (int done = 0; done < m;) {
+        int rows = m - done < Q4_MAX_ROWS ? m - done : Q4_MAX_ROWS;
+        passes[rows](x + (size_t)done * k, strip, y + (size_t)done * n + (size_t)nb * Q4_ROWS, k, n);
+        done += rows;
+    }
 }
 
 #if defined(__AVX512BF16__)
@@ -142,31 +184,24 @@ static void q4_lookup_pass2(const uint8_t *w, int k, int nb, int strips, const f
     }
 }
 
-/* Four rows over strip nb's 16 outputs, 2 at a time. */
-static void q4_lookup_pass4(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
+/* Strip nb's 16 outputs rebuilt once into float32 (16, k), each block's 32 values in the unpacks' order (widen_lo's
+   16, then widen_hi's), the next strip's groups prefetched. */
+static void q4_rebuild_strip_ordered(const uint8_t *w, int k, int nb, int strips, float *strip) {
     const int blocks = k / Q4_K;
-    for (int c0 = 0; c0 < Q4_ROWS; c0 += 2) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0v = a0, c1v = a0, e0 = a0, e1 = a0;
-        for (int kb = 0; kb < blocks; kb++) {
-            LOOKUP_GROUP(c0);
-            const float *x0 = xo + (size_t)kb * Q4_K, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
+    for (int kb = 0; kb < blocks; kb++) {
+        LOOKUP_GROUP(0);
+        for (int i = 0; i < Q4_ROWS; i += 2) {
             __m512i r0, r1;
-            q4_row_pair_bf16(group, d, m, c0, &r0, &r1);
-            a0 = dot_block(a0, r0, x0), b0 = dot_block(b0, r0, x1);
-            c0v = dot_block(c0v, r0, x2), e0 = dot_block(e0, r0, x3);
-            a1 = dot_block(a1, r1, x0), b1 = dot_block(b1, r1, x1);
-            c1v = dot_block(c1v, r1, x2), e1 = dot_block(e1, r1, x3);
+            q4_row_pair_bf16(group, d, m, i, &r0, &r1);
+            float *o0 = strip + (size_t)i * k + (size_t)kb * Q4_K, *o1 = o0 + k;
+            _mm512_storeu_ps(o0, widen_lo(r0)), _mm512_storeu_ps(o0 + 16, widen_hi(r0));
+            _mm512_storeu_ps(o1, widen_lo(r1)), _mm512_storeu_ps(o1 + 16, widen_hi(r1));
         }
-        float *out = y + (size_t)nb * Q4_ROWS + c0;
-        out[0] = q4v_sum(a0), out[1] = q4v_sum(a1);
-        out[n] = q4v_sum(b0), out[n + 1] = q4v_sum(b1);
-        out[2 * (size_t)n] = q4v_sum(c0v), out[2 * (size_t)n + 1] = q4v_sum(c1v);
-        out[3 * (size_t)n] = q4v_sum(e0), out[3 * (size_t)n + 1] = q4v_sum(e1);
     }
 }
 
-long panel_q4_scratch(int m, int k) {
-    return k < 1 ? 0 : (long)(m < 1 ? 1 : m) * k * (long)sizeof(float);
+long panel_q4_scratch(int m, int k) {  /* x reordered, then (three rows or more) a rebuilt strip */
+    return k < 1 ? 0 : (long)((m < 1 ? 1 : m) + Q4_ROWS) * k * (long)sizeof(float);
 }
 
 /* x (m, k) row-major; w: groups as in q4_blocks.h; y (m, n) row-major; scratch: panel_q4_scratch(m, k) bytes.
@@ -177,45 +212,21 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
     float *xo = (float *)scratch;
     order_inputs(x, xo, m, k);
     const int strips = n / Q4_ROWS;
-    for (int nb = 0; nb < strips; nb++)
-        for (int done = 0; done < m;) {
-            int rows = m - done >= 4 ? 4 : m - done >= 2 ? 2 : 1;
-            const float *xr = xo + (size_t)done * k;
-            float *yr = y + (size_t)done * n;
-            if (rows == 4) q4_lookup_pass4(w, k, nb, strips, xr, yr, n);
-            else if (rows == 2) q4_lookup_pass2(w, k, nb, strips, xr, yr, n);
-            else q4_lookup_pass1(w, k, nb, strips, xr, yr);
-            done += rows;
+    if (m > 2) {  /* rebuild each strip once for every pass of rows, not once per pass */
+        float *strip = xo + (size_t)m * k;
+        for (int nb = 0; nb < strips; nb++) {
+            q4_rebuild_strip_ordered(w, k, nb, strips, strip);
+            q4_strip_passes(xo, strip, y, m, k, n, nb);
         }
+        return 0;
+    }
+    for (int nb = 0; nb < strips; nb++)  /* one or two rows: each rebuilt row stays in registers */
+        if (m == 2) q4_lookup_pass2(w, k, nb, strips, xo, y, n);
+        else if (m == 1) q4_lookup_pass1(w, k, nb, strips, xo, y);
     return 0;
 }
 
 #else
-/* R rows of x (R, k) over a rebuilt strip (16, k): y[r][c] for the strip's 16 outputs (y's row stride n). */
-#define DEFINE_PASS(R)                                                                                 \
-static void q4_pass##R(const float *x, const float *strip, float *y, int k, int n) {                \
-    for (int c0 = 0; c0 < Q4_ROWS; c0 += Q4_COLS) {                                                 \
-        q4vec acc[R][Q4_COLS];                                                                        \
-        for (int r = 0; r < R; r++)                                                                   \
-            for (int c = 0; c < Q4_COLS; c++) acc[r][c] = Q4V_ZERO();                                 \
-        const float *w = strip + (size_t)c0 * k;                                                      \
-        for (int i = 0; i < k; i += LANES)                                                            \
-            for (int r = 0; r < R; r++) {                                                             \
-                q4vec xv = Q4V_LOAD(x + (size_t)r * k + i);                                           \
-                for (int c = 0; c < Q4_COLS; c++)                                                     \
-                    acc[r][c] = Q4V_FMA(Q4V_LOAD(w + (size_t)c * k + i), xv, acc[r][c]);              \
-            }                                                                                         \
-        for (int r = 0; r < R; r++)                                                                   \
-            for (int c = 0; c < Q4_COLS; c++) y[(size_t)r * n + c0 + c] = q4v_sum(acc[r][c]);         \
-    }                                                                                                 \
-}
-DEFINE_PASS(1)
-DEFINE_PASS(2)
-#if Q4_MAX_ROWS > 2
-DEFINE_PASS(3)
-DEFINE_PASS(4)
-#endif
-
 /* Rebuild the strip of outputs nb*16 .. nb*16 + 15 into (16, k) floats, prefetching the next strip's groups. */
 static void rebuild_strip(const uint8_t *w, int k, int nb, int strips, float *strip) {
     float d[16], m[16];
@@ -239,21 +250,11 @@ long panel_q4_scratch(int m, int k) {
 int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, void *scratch, long scratch_bytes) {
     if (!q4_shape_ok(m, k, n)) return KERNEL_BAD_ARGUMENTS;
     if (scratch == NULL || scratch_bytes < panel_q4_scratch(m, k)) return KERNEL_SMALL_SCRATCH;
-    typedef void (*pass_fn)(const float *, const float *, float *, int, int);
-#if Q4_MAX_ROWS > 2
-    static const pass_fn passes[Q4_MAX_ROWS + 1] = {0, q4_pass1, q4_pass2, q4_pass3, q4_pass4};
-#else
-    static const pass_fn passes[Q4_MAX_ROWS + 1] = {0, q4_pass1, q4_pass2};
-#endif
     float *strip = (float *)scratch;
     int strips = n / Q4_ROWS;
     for (int nb = 0; nb < strips; nb++) {
         rebuild_strip(w, k, nb, strips, strip);
-        for (int done = 0; done < m;) {
-            int rows = m - done < Q4_MAX_ROWS ? m - done : Q4_MAX_ROWS;
-            passes[rows](x + (size_t)done * k, strip, y + (size_t)done * n + (size_t)nb * Q4_ROWS, k, n);
-            done += rows;
-        }
+        q4_strip_passes(x, strip, y, m, k, n, nb);
     }
     return 0;
 }

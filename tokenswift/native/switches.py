@@ -13,7 +13,7 @@ from typing import Mapping
 
 NATIVE_ENV = "TOKENSWIFT_NATIVE"  # "0": never build or load native kernels
 ISA_ENV = "TOKENSWIFT_ISA"  # "native" (default: the best variant this CPU runs) or a variant's name (amx,
-#                             avx512bf16 (opt-in), avx512, avx2)
+#                             avx512bf16, avx512, avx2)
 AMX_ENV = "TOKENSWIFT_AMX"  # "0": float32 panels even where AMX could serve
 BF16_ENV = "TOKENSWIFT_BF16_PANELS"  # "0": float32 panels even where bfloat16 panels could serve
 BLOCKS_ENV = "TOKENSWIFT_BLOCKS"  # "0": bfloat16 weights even where the model's GGUF blocks could serve
