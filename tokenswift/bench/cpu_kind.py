@@ -24,8 +24,8 @@ The steps (see `plan`):
 
 The variants are the CPU's own (`native`) and, unless `--variants` names others, the AVX2 build where the CPU runs
 a wider one, plus the plain AVX-512 build where the AVX-512 BF16 one is native (AVX-512 BF16 and no AMX: the
-variant that was this kind's default until session 38 measured it). Speed ratios compare only runs made side by side: within one `bench speed` (paired), or
-alternated `bench rows` rounds.
+variant that was this kind's default until session 38 measured both). Speed ratios compare only runs made side by
+side: within one `bench speed` (paired), or alternated `bench rows` rounds.
 """
 from __future__ import annotations
 

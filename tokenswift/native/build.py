@@ -5,9 +5,9 @@ Variants (as llama.cpp's CPU backend builds one library per variant and picks on
   amx     AVX-512 (F, BW, DQ, VL) and AMX tiles: Sapphire Rapids and later Xeons
   avx512bf16  AVX-512 (F, BW, DQ, VL) and AVX-512 BF16 without AMX (AMD Zen 4 and 5, Cooper Lake): Q4_1 weights
           rebuilt as bfloat16 and widened in registers (panel_q4.c); every other kernel as avx512's. On a 2-vCPU AMD
-          EPYC (Zen 4) SmolLM2-135M's one-row step took 14.6 ms against avx512's 23.0, four rows 27.3 against 31.1
-          (docs/performance.md, 2026-12-07, session 38)
-  avx512  AVX-512 (F, BW, DQ, VL): Skylake-X and later Xeons, AMD Zen 4 and 5
+          EPYC (Zen 4) SmolLM2-135M's one-row step took 14.6 ms against avx512's 23.0, and in generation our AR ran
+          19% faster, TokenSwift as fast or faster (docs/performance.md, 2026-12-07, session 38)
+  avx512  AVX-512 (F, BW, DQ, VL) without AVX-512 BF16: Skylake-X, Cascade Lake and Ice Lake Xeons
   avx2    AVX2 with FMA: Haswell and later, AMD Zen 1-3
 Each library is linked from separate compilation units (one per .c file; panel_amx.c in "amx" only), compiled with
 its variant's instruction-set flags, not -march=native: which variant a process runs is decided here from the
