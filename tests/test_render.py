@@ -116,6 +116,37 @@ def test_speed_panel_without_ar_or_iterations():
     assert "first iteration" in render.speed_panel(RunTrace([0], {}, 1))
 
 
+def sparse_drafting_run(drafted_every: int) -> RunTrace:
+    """20 auto iterations of which every `drafted_every`-th verified 2 drafted nodes (6 ms, 1.5 tokens on average:
+    alternately 1 and 2) and the rest were plain (4 ms, 1 token); AR: 20 steps of 4 ms."""
+    trace = RunTrace([0], {"tree": "auto"}, 100)
+    generated, elapsed, drafted = 0, 0.0, 0
+    for i in range(20):
+        nodes = 2 if i % drafted_every == drafted_every - 1 else 0
+        if nodes:
+            drafted += 1
+        tokens = [(1, "bonus")] if not nodes or drafted % 2 else [(1, "head"), (2, "bonus")]
+        ms = (0.5, 5.0, 0.5) if nodes else (0.2, 3.6, 0.2)
+        generated, elapsed = generated + len(tokens), elapsed + sum(ms) / 1e3
+        trace.tokenswift.add(step(i, "tokenswift", tokens, ms, generated, elapsed, nodes=nodes,
+                                  plan="0 nodes: no draft paid in the last 3 plans"))
+    for i in range(20):
+        trace.ar.add(step(i, "ar", [(1, "ar")], (0, 3.6, 0.4), i + 1, 0.004 * (i + 1)))
+    return trace
+
+
+def test_speed_panel_says_why_auto_drafted_little_with_this_runs_figures():
+    panel = render.speed_panel(sparse_drafting_run(drafted_every=10))
+    assert "**Why auto drafted so little**: it verified drafts in 2 of 20 iterations (10%)" in panel
+    assert "Its drafted iterations took 1.25 AR steps to verify (median) for 1.50 tokens each." in panel
+    # a run that drafts often, an unsettled run and a fixed tree get no such line
+    assert "Why auto drafted so little" not in render.speed_panel(sparse_drafting_run(drafted_every=2))
+    assert "Why auto drafted so little" not in render.speed_panel(timed_run())
+    fixed = sparse_drafting_run(drafted_every=10)
+    fixed.tokenswift.plan = ""
+    assert "Why auto drafted so little" not in render.speed_panel(fixed)
+
+
 # ---- classroom step view ----------------------------------------------------------------------------
 
 def tree(cut: bool = False) -> tuple[list[TreeNode], list[tuple[int, str]]]:

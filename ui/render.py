@@ -229,6 +229,26 @@ def _tree_line(trace: RunTrace) -> str:
             f"\"reused text\". Latest plan: *{ts.plan}*.")
 
 
+def _little_drafting_line(trace: RunTrace, ar_median: float) -> str:
+    """Where auto verified drafts in few iterations (a settled run): how few, what those cost and yielded, and the
+    two measured sides of the trade it weighs. Empty otherwise."""
+    ts = trace.tokenswift
+    if not ts.plan or min(ts.iterations, trace.ar.iterations) < speed.MIN_RATIO_ITERATIONS:
+        return ""
+    d = speed.drafting(ts)
+    if d.share >= speed.LOW_DRAFTING:
+        return ""
+    line = (f"**Why auto drafted so little**: it verified drafts in {d.drafted:,} of {d.iterations:,} iterations "
+            f"({d.share:.0%}); the rest were one AR-cost step each.")
+    if d.drafted and ar_median:
+        line += (f" Its drafted iterations took {d.verify_ms / ar_median:.2f} AR steps to verify (median) for "
+                 f"{d.tokens:.2f} tokens each.")
+    return line + (" Auto verifies a draft only where it expects the accepted tokens to repay the extra rows, and "
+                   "both sides are measured as the run goes: what extra rows cost is this machine's (the table "
+                   "above), and how often a draft is right is the text's (with the penalty on, a small model's next "
+                   "words are hard to guess; text that repeats itself, as without the penalty, gives long drafts).")
+
+
 def speed_panel(trace: RunTrace) -> str:
     """Why the speedup is what it is: time per iteration against one AR step, the cost of verifying q
     nodes as this run measured it, tokens per iteration, and the ratio as arithmetic."""
@@ -249,7 +269,8 @@ def speed_panel(trace: RunTrace) -> str:
              "**Verifying q drafted nodes on this machine** (this run's iterations; the verify forward grows with "
              "the number of rows):", "", *_cost_table(speed.verify_cost(ts), speed.median_step_ms(ar)), "",
              tokens, "", _tree_line(trace), "", _ratio_line(trace, ts_step, ar_step)]
-    return "\n".join(lines)
+    little = _little_drafting_line(trace, speed.median_step_ms(ar))
+    return "\n".join(lines + (["", little] if little else []))
 
 
 # ---- what produced the views --------------------------------------------------------------------------------

@@ -72,6 +72,34 @@ def verify_cost(m: MethodTrace) -> list[CostBucket]:
     return out
 
 
+# Below this share of iterations that verified drafts, the speed panel says why auto drafted so little.
+LOW_DRAFTING = 0.25
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How often a run verified drafts, and what its drafted iterations cost and yielded."""
+
+    iterations: int
+    drafted: int  # iterations that verified at least one drafted node
+    tokens: float  # mean tokens of a drafted iteration: its accepted drafts and the bonus (0.0 when none)
+    verify_ms: float  # median verification ms of a drafted iteration (0.0 when none)
+
+    @property
+    def share(self) -> float:
+        return self.drafted / self.iterations if self.iterations else 0.0
+
+
+def drafting(m: MethodTrace) -> Drafting:
+    rows = triples(m)
+    drafted = [(tokens, row[1]) for nodes, tokens, row in zip(m.per_iteration_nodes, m.per_iteration_accepted, rows)
+               if nodes > 0]
+    if not drafted:
+        return Drafting(len(rows), 0, 0.0, 0.0)
+    return Drafting(len(rows), len(drafted), sum(t for t, _ in drafted) / len(drafted),
+                    median(ms for _, ms in drafted))
+
+
 def mean_nodes(m: MethodTrace) -> float:
     nodes = m.per_iteration_nodes
     return sum(nodes) / len(nodes) if nodes else 0.0
