@@ -116,10 +116,10 @@ def test_speed_panel_without_ar_or_iterations():
     assert "first iteration" in render.speed_panel(RunTrace([0], {}, 1))
 
 
-def sparse_drafting_run(drafted_every: int) -> RunTrace:
+def sparse_drafting_run(drafted_every: int, **settings) -> RunTrace:
     """20 auto iterations of which every `drafted_every`-th verified 2 drafted nodes (6 ms, 1.5 tokens on average:
     alternately 1 and 2) and the rest were plain (4 ms, 1 token); AR: 20 steps of 4 ms."""
-    trace = RunTrace([0], {"tree": "auto"}, 100)
+    trace = RunTrace([0], {"tree": "auto", **settings}, 100)
     generated, elapsed, drafted = 0, 0.0, 0
     for i in range(20):
         nodes = 2 if i % drafted_every == drafted_every - 1 else 0
@@ -139,6 +139,11 @@ def test_speed_panel_says_why_auto_drafted_little_with_this_runs_figures():
     panel = render.speed_panel(sparse_drafting_run(drafted_every=10))
     assert "**Why auto drafted so little**: it verified drafts in 2 of 20 iterations (10%)" in panel
     assert "Its drafted iterations took 1.25 AR steps to verify (median) for 1.50 tokens each." in panel
+    # the acceptance side is told for the run's own sampling
+    assert "seldom repeats" in panel
+    assert "with the penalty on" in render.speed_panel(sparse_drafting_run(10, penalty=1.2, temperature=0.0))
+    sampled = render.speed_panel(sparse_drafting_run(10, penalty=1.0, temperature=1.0))
+    assert "a sampled token often differs" in sampled and "with the penalty on" not in sampled
     # a run that drafts often, an unsettled run and a fixed tree get no such line
     assert "Why auto drafted so little" not in render.speed_panel(sparse_drafting_run(drafted_every=2))
     assert "Why auto drafted so little" not in render.speed_panel(timed_run())

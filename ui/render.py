@@ -243,10 +243,17 @@ def _little_drafting_line(trace: RunTrace, ar_median: float) -> str:
     if d.drafted and ar_median:
         line += (f" Its drafted iterations took {d.verify_ms / ar_median:.2f} AR steps to verify (median) for "
                  f"{d.tokens:.2f} tokens each.")
+    settings = trace.settings
+    if float(settings.get("penalty", 1.0)) != 1.0:
+        why = ("with the penalty on, a small model's next words are hard to guess; text that repeats itself, as "
+               "without the penalty, gives long drafts")
+    elif float(settings.get("temperature", 0.0)) > 0.0:
+        why = "a sampled token often differs from every draft; greedy decoding accepts more"
+    else:
+        why = "drafts come mostly from what the text said before, and this text seldom repeats it"
     return line + (" Auto verifies a draft only where it expects the accepted tokens to repay the extra rows, and "
                    "both sides are measured as the run goes: what extra rows cost is this machine's (the table "
-                   "above), and how often a draft is right is the text's (with the penalty on, a small model's next "
-                   "words are hard to guess; text that repeats itself, as without the penalty, gives long drafts).")
+                   f"above), and how often a draft is right is the text's ({why}).")
 
 
 def speed_panel(trace: RunTrace) -> str:
