@@ -265,6 +265,7 @@ def speed_panel(trace: RunTrace) -> str:
         return "**Speed panel**: appears after TokenSwift's first iteration."
     ar_step = speed.step_ms(ar)
     ts_step = speed.step_ms(ts)
+    ar_median = speed.median_step_ms(ar)  # one AR step's median: the cost table's and the drafting line's unit
     totals = ts.source_totals
     heads, grams, bonus = (totals.get(s, 0) for s in (Source.HEAD, Source.NGRAM, Source.BONUS))
     tokens = (f"**Tokens per iteration**: {ts.mean_accepted:.2f} = {(heads + grams) / ts.iterations:.2f} drafted "
@@ -274,9 +275,9 @@ def speed_panel(trace: RunTrace) -> str:
     lines = ["#### Why this speed: one TokenSwift iteration against one AR step",
              *_split_table(split, speed.mean_split(ar), ar_step), "",
              "**Verifying q drafted nodes on this machine** (this run's iterations; the verify forward grows with "
-             "the number of rows):", "", *_cost_table(speed.verify_cost(ts), speed.median_step_ms(ar)), "",
+             "the number of rows):", "", *_cost_table(speed.verify_cost(ts), ar_median), "",
              tokens, "", _tree_line(trace), "", _ratio_line(trace, ts_step, ar_step)]
-    little = _little_drafting_line(trace, speed.median_step_ms(ar))
+    little = _little_drafting_line(trace, ar_median)
     return "\n".join(lines + (["", little] if little else []))
 
 
