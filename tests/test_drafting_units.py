@@ -68,6 +68,23 @@ def test_suffix_index_finds_the_longest_latest_match_and_loops():
     assert loop.lookup(5) == (2, [6, 6, 6, 6, 6])  # a period-1 loop continues itself
 
 
+def test_suffix_index_follows_the_occurrence_that_agrees_longest():
+    # a phrase of 5 tokens repeats, with a line break (9) after every third: the last 4 tokens occurred one
+    # phrase back too, but only the occurrence one period of 16 back continues with the break
+    phrase_lines = ([1, 2, 3, 4, 5] * 3 + [9]) * 4
+    text = phrase_lines + [1, 2, 3, 4, 5] * 3
+    index = SuffixIndex(max_match=4, long_match=64, candidates=8)
+    index.extend(text)
+    m, cont = index.lookup(6)
+    assert cont == [9, 1, 2, 3, 4, 5] and m >= 16
+    latest_only = SuffixIndex(max_match=4, candidates=0)
+    latest_only.extend(text)
+    assert latest_only.lookup(6) == (4, [1, 2, 3, 4, 5, 1])  # the latest occurrence alone misses the break
+    ties = SuffixIndex(max_match=2, long_match=8, candidates=8)
+    ties.extend([6, 5, 7, 1, 2, 3, 5, 7, 1, 2, 4, 5, 7, 1, 2])
+    assert ties.lookup(1) == (4, [4])  # equal agreement (5 7 1 2): the later occurrence
+
+
 def test_acceptance_stats_move_from_prior_to_observed_rate():
     stats = AcceptanceStats(decay=1.0, prior_weight=2.0)
     assert stats.rate("k", 0.5) == 0.5

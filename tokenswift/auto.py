@@ -47,9 +47,6 @@ PRIOR_SHAPE = (1.0, 1.33, 1.78, 2.6)  # cost of PROBE_ROWS relative to one row b
 PRIOR_SHAPE_NATIVE = (1.0, 1.07, 1.47, 3.0)  # the same with the native kernels (measured: 1.1K context, 2-vCPU AMD
 #                                             EPYC, AVX2 only: `python -m tokenswift.bench rows`, 1 / 3 / 6 / 12 rows;
 #                                             a Xeon with AMX measured 1.0 / 1.2 / 1.85 at 1 / 4 / 12)
-PROBE_TIMED = 6  # a probe times the points up to this many rows; beyond, the prior's shape scales the last timed
-#                 one until plans that wide correct it (a 12-row verification costs 3 steps here, and at temperature
-#                 1 plans rarely pass 4 rows)
 MAX_ROWS = 48  # the largest verification (root included) the planner considers
 MIN_GAIN = 1.05  # a plan drafts only when it expects at least this many times the tokens per second of a plain
 #                 step: drafts that barely pay on paper lose to the costs no model prices (measured: paper sampling)
@@ -79,7 +76,8 @@ HEAD_YIELD_PRIOR = (0.5, 2.0)  # its start: 0.5 tokens in 2 consults (without it
 AUTO_NGRAMS = 3  # 4-gram continuations of the root offered to auto
 PROBE_AFTER = 16  # iterations before the first cost probe: until then plans price rows by the prior curve
 SAMPLED_PRIOR_SCALE = 0.5  # suffix and 4-gram priors when sampling (the stats replace them within a few visits)
-SUFFIX_DRAFT = 12  # longest suffix-match chain offered to auto
+SUFFIX_DRAFT = 24  # longest suffix-match chain offered to auto (verbatim loops accept whole chains: 12 -> 24 took
+#                   SmolLM2's greedy 2.42-2.47x -> 2.54-2.55x AR on a Zen 4; the planner still prices every node)
 DATASTORE_DRAFT = 4  # longest datastore chain offered to auto (measured: deeper links rarely survive)
 DATASTORE_CONTEXT = max(DATASTORE_ORDERS)  # tokens of context a datastore lookup reads
 PRIOR_CAP = 0.9  # no prior rate reaches 1 (a child must never look likelier than its parent)
@@ -133,16 +131,15 @@ class CostModel:
         self.rows, self.seconds = list(PROBE_ROWS), [one_row * f for f in self.prior_shape]
 
     def probe(self, verify: Callable[[int], None], context: int) -> None:
-        """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q up to
-        PROBE_TIMED (a probe at 1K context costs about 2.5 steps; every iteration corrects the curve afterwards,
-        so one hiccup does not mislead a whole run). One row is not timed again: plain steps measure it."""
+        """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q (a probe costs
+        about 5 steps, once per doubling of the context; every iteration corrects the curve afterwards, so one
+        hiccup does not mislead a whole run). One row is not timed again: plain steps measure it. Twelve rows are
+        timed too: priced from six by the prior's shape, they came out twice their cost on an AVX-512 CPU
+        without AMX (SmolLM2: 79 ms against 51), and plans in verbatim loops stopped at 8 drafted tokens."""
         times = []
-        for i, q in enumerate(PROBE_ROWS):
+        for q in PROBE_ROWS:
             if q == 1 and self.rows:  # one row is measured by every plain step already
                 times.append(self.seconds[0])
-                continue
-            if q > PROBE_TIMED and i:  # the prior's step from the last timed point
-                times.append(times[-1] * self.prior_shape[i] / self.prior_shape[i - 1])
                 continue
             t = time.perf_counter()
             verify(q)
@@ -398,8 +395,11 @@ class AutoDrafter:
         if suffix is not None:
             m, cont = suffix.lookup(SUFFIX_DRAFT)
             if cont:
-                prior = (0.6 if m >= 3 else 0.3) * self.prior_scale
-                add(cont, Source.NGRAM, [1.0] * len(cont), _suffix_kinds(m), [prior] * len(cont))
+                kinds, prior, priors = _suffix_kinds(m), (0.6 if m >= 3 else 0.3) * self.prior_scale, []
+                for kind in kinds[: len(cont)]:  # a chain position not yet verified expects the rate of the one
+                    priors.append(prior)  # before it: a chain accepted to its end is offered deeper next time
+                    prior = min(PRIOR_CAP, rate_of(kind, prior))
+                add(cont, Source.NGRAM, [1.0] * len(cont), kinds, priors)
         if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
             context = state.ids[-DATASTORE_CONTEXT:]  # runner-up continuation at depth 1
             node = 0
@@ -519,7 +519,7 @@ class AutoDrafter:
 @functools.lru_cache(maxsize=None)
 def _suffix_kinds(m: int) -> list[tuple]:
     """The acceptance-statistics keys of a suffix-match chain's nodes (match length m, by chain position)."""
-    return [(Source.SUFFIX, min(m, 8), _chain_bucket(j)) for j in range(1, SUFFIX_DRAFT + 1)]
+    return [(Source.SUFFIX, m, _chain_bucket(j)) for j in range(1, SUFFIX_DRAFT + 1)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -529,7 +529,7 @@ def _ngram_kinds(bucket: int, n: int) -> list[tuple]:
 
 
 def _chain_bucket(j: int) -> int:
-    return j if j <= 2 else 3 if j <= 4 else 5 if j <= 8 else 9
+    return j if j <= 2 else 3 if j <= 4 else 5 if j <= 8 else 9 if j <= 16 else 17
 
 
 def _prob_bucket(p: float) -> int:

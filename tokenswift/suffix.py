@@ -8,31 +8,42 @@ SuffixDecoding (arXiv 2411.04975), whose drafts grow with the match length.
 
 Constant time per token: for each m in 1..max_match, a dict from the m tokens ending at a position to the
 latest such position that already has a successor.
+
+Where even max_match tokens occurred before, the latest occurrence is not always the one to follow. A loop
+whose phrase repeats every 8 tokens while the line breaks repeat every 80 (a model continuing a wrapped book)
+matches its last 8 tokens one phrase back, and that draft breaks at the next line break. So the index also
+keeps every earlier end of each max_match-gram, and a lookup that matches max_match tokens tries the latest
+`candidates` of them for a longer agreement (16, 32, ... up to long_match tokens, compared as slices): the
+longest wins, the latest among equals.
 """
 from __future__ import annotations
 
 
 class SuffixIndex:
-    def __init__(self, max_match: int = 8) -> None:
-        self.max_match = max_match
+    def __init__(self, max_match: int = 8, long_match: int = 128, candidates: int = 32) -> None:
+        self.max_match, self.long_match, self.candidates = max_match, long_match, candidates
         self._ends: list[dict[tuple[int, ...], int]] = [dict() for _ in range(max_match + 1)]  # [m][gram] -> end
+        self._every_end: dict[tuple[int, ...], list[int]] = {}  # max_match-gram -> each end with a successor, in order
         self.tokens: list[int] = []
         self._indexed = 0  # positions < this are registered (each needs its successor to exist)
 
     def extend(self, tokens: list[int]) -> None:
         seq = self.tokens
         seq.extend(tokens)
-        ends, longest = self._ends, self.max_match
+        ends, longest, every = self._ends, self.max_match, self._every_end
         for end in range(self._indexed, len(seq) - 1):  # the gram ending at `end` has a successor now
             tail = tuple(seq[max(0, end - longest + 1) : end + 1])  # one slice; each gram is a slice of it
             size = len(tail)
             for m in range(1, size + 1):
                 ends[m][tail[size - m :]] = end
+            if size == longest:
+                every.setdefault(tail, []).append(end)
         self._indexed = max(self._indexed, len(seq) - 1)
 
     def lookup(self, length: int) -> tuple[int, list[int]]:
-        """(match length m, up to `length` tokens that followed the latest earlier occurrence of the last m
-        tokens), for the longest m that occurred before; (0, []) when even the last token is new. A match
+        """(match length m, up to `length` tokens that followed the chosen earlier occurrence of the last m
+        tokens), for the longest m that occurred before; (0, []) when even the last token is new. Beyond
+        max_match, m is the longest power-of-two multiple of max_match found to agree (a lower bound). A match
         close to the end (a loop of period p) continues periodically."""
         seq = self.tokens
         n = len(seq)
@@ -41,6 +52,23 @@ class SuffixIndex:
         for m in range(size, 0, -1):
             end = self._ends[m].get(tail[size - m :])
             if end is not None:
+                if m == self.max_match:
+                    m, end = self._longest_agreement(tail, m, end)
                 period = n - 1 - end
                 return m, [seq[end + 1 + (i % period)] for i in range(length)]
         return 0, []
+
+    def _longest_agreement(self, gram: tuple[int, ...], m: int, latest: int) -> tuple[int, int]:
+        """Among the latest `candidates` earlier ends of `gram` (the text's last max_match tokens), the one whose
+        preceding tokens agree longest with the text's, as (agreement, end); `latest` where none goes beyond m."""
+        seq, n = self.tokens, len(self.tokens)
+        best_m, best_end = m, latest
+        ends = self._every_end[gram]
+        for end in reversed(ends[max(0, len(ends) - self.candidates) :]):
+            span = best_m * 2  # only a strictly longer agreement can replace the best (a later end wins ties)
+            while span <= self.long_match and span <= end + 1 and seq[end - span + 1 : end + 1] == seq[n - span :]:
+                best_m, best_end = span, end
+                span *= 2
+            if best_m >= self.long_match:
+                break
+        return best_m, best_end
