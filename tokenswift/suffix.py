@@ -1,4 +1,4 @@
-"""Suffix-match drafting: continue the text as it went on after the latest earlier occurrence of its end.
+"""Suffix-match drafting: continue the text as it went on after an earlier occurrence of its end.
 
 Long generations repeat themselves (the paper's case study: verbatim loops within about 5K tokens
 without a penalty), and a small model does so much sooner. When the last m tokens occurred before, the
