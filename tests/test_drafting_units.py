@@ -83,6 +83,10 @@ def test_suffix_index_follows_the_occurrence_that_agrees_longest():
     ties = SuffixIndex(max_match=2, long_match=8, candidates=8)
     ties.extend([6, 5, 7, 1, 2, 3, 5, 7, 1, 2, 4, 5, 7, 1, 2])
     assert ties.lookup(1) == (4, [4])  # equal agreement (5 7 1 2): the later occurrence
+    end = list(range(100, 120)) + [1, 2, 3, 4]  # the text's last 24 tokens
+    exact = SuffixIndex(max_match=4, long_match=64, candidates=8)
+    exact.extend([50] + end + [7] + [51] + end[2:] + [8] + [60] + end)
+    assert exact.lookup(1) == (16, [7])  # 24 tokens agree before the first occurrence, 22 before the later one
 
 
 def test_acceptance_stats_move_from_prior_to_observed_rate():
@@ -133,6 +137,18 @@ def test_cost_model_interpolates_and_follows_observations():
         costs.observe(8, 3.3, 0.5)  # this machine turns out twice as slow around 8 rows
     assert 3.0 < costs.cost(8) < 3.5 and abs(costs.overhead - 0.5) < 1e-6
     assert costs.needs_probe(2148) and not costs.needs_probe(2000)
+
+
+def test_cost_probe_times_only_row_counts_a_plan_may_verify():
+    timed = []
+    costs = CostModel()
+    costs.observe(1, 1.0, 0.0)
+    costs.probe(timed.append, context=100)
+    assert timed == [3, 6, 12]  # one row is every plain step's measurement
+    capped, timed[:] = CostModel(), []
+    capped.observe(1, 1.0, 0.0)
+    capped.probe(timed.append, context=100, max_rows=6)  # e.g. a GQA model whose native stack serves 6 rows
+    assert timed == [3, 6] and capped.seconds[3] >= capped.seconds[2]  # 12 rows priced, not run
 
 
 def test_one_slow_first_step_does_not_price_rows_out_for_the_run():

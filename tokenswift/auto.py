@@ -130,16 +130,21 @@ class CostModel:
         one_row = sorted(self._plain)[len(self._plain) // 2]
         self.rows, self.seconds = list(PROBE_ROWS), [one_row * f for f in self.prior_shape]
 
-    def probe(self, verify: Callable[[int], None], context: int) -> None:
+    def probe(self, verify: Callable[[int], None], context: int, max_rows: int = MAX_ROWS) -> None:
         """verify(q) runs one verification of q rows (forward, logits, decision), timed once per q (a probe costs
         about 5 steps, once per doubling of the context; every iteration corrects the curve afterwards, so one
         hiccup does not mislead a whole run). One row is not timed again: plain steps measure it. Twelve rows are
-        timed too: priced from six by the prior's shape, they came out twice their cost on an AVX-512 CPU
-        without AMX (SmolLM2: 79 ms against 51), and plans in verbatim loops stopped at 8 drafted tokens."""
+        timed too: priced from six by the prior's shape, 12 rows of SmolLM2 came out at 79 ms against 51 measured
+        on an AVX-512 CPU without AMX (each row past six at twice its cost), and plans in verbatim loops stopped at
+        8 drafted tokens. Points past max_rows (the most the planner may verify) are priced from the last timed
+        one by the prior's shape: timing them would run a path no plan takes."""
         times = []
-        for q in PROBE_ROWS:
+        for i, q in enumerate(PROBE_ROWS):
             if q == 1 and self.rows:  # one row is measured by every plain step already
                 times.append(self.seconds[0])
+                continue
+            if q > max_rows and i:
+                times.append(times[-1] * self.prior_shape[i] / self.prior_shape[i - 1])
                 continue
             t = time.perf_counter()
             verify(q)
@@ -396,9 +401,10 @@ class AutoDrafter:
             m, cont = suffix.lookup(SUFFIX_DRAFT)
             if cont:
                 kinds, prior, priors = _suffix_kinds(m), (0.6 if m >= 3 else 0.3) * self.prior_scale, []
-                for kind in kinds[: len(cont)]:  # a chain position not yet verified expects the rate of the one
-                    priors.append(prior)  # before it: a chain accepted to its end is offered deeper next time
-                    prior = min(PRIOR_CAP, rate_of(kind, prior))
+                for j, kind in enumerate(kinds[: len(cont)]):  # a chain bucket not yet verified expects the rate of
+                    if j and kind != kinds[j - 1]:  # the bucket before it: a chain accepted to its end is offered
+                        prior = min(PRIOR_CAP, rate_of(kinds[j - 1], prior))  # deeper next time
+                    priors.append(prior)
                 add(cont, Source.NGRAM, [1.0] * len(cont), kinds, priors)
         if self.datastore is not None:  # what followed the last tokens in the model's datastore: a chain, plus the
             context = state.ids[-DATASTORE_CONTEXT:]  # runner-up continuation at depth 1
@@ -440,7 +446,7 @@ class AutoDrafter:
         if plan.keep and state.iteration >= PROBE_AFTER and self.costs.needs_probe(len(state.ids)):
             # drafting looks worth it, and the acceptance rates rest on some evidence: measure, then decide
             t = time.perf_counter()
-            self.costs.probe(self.probe_rows, len(state.ids))
+            self.costs.probe(self.probe_rows, len(state.ids), self.max_rows)
             probe_s = time.perf_counter() - t
             plan = choose(reach, cand.depths, self.costs, self.max_rows, calibration=scale)
         tree = DraftTree.with_root(last)
