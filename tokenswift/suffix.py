@@ -81,9 +81,7 @@ class SuffixIndex:
             best, best_end = lo, end
             if best >= self.long_match:
                 break
-        if best == m:
-            return m, latest
-        bucket = self.max_match
+        bucket = self.max_match  # = m, with best_end = latest, where no candidate agreed beyond m
         while bucket * 2 <= best:
             bucket *= 2
         return bucket, best_end
