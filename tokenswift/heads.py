@@ -32,6 +32,7 @@ PARTS = ("linear.weight", "input_layernorm.weight", "post_layernorm.weight")
 # vocabulary, most frequent first; tokenswift.train.distill_heads). Absent: the engine's default.
 DRAFT_VOCAB_KEY = "tokenswift.draft_vocab"
 ROOT_INPUT_KEY = "tokenswift.root_input.weight"  # our root input U (see the module's docstring); absent: none
+HEADS_FILE = "heads.safetensors"  # in a model folder: the heads, which replace any stored inside its weights
 
 
 def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -139,7 +140,7 @@ class Heads(nn.Module):
         """Save as a standalone safetensors file in the official key layout (metadata: medusa_heads)."""
         path = Path(path)
         if path.suffix != ".safetensors":
-            path = path / "heads.safetensors"
+            path = path / HEADS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = self.official_state_dict()
         if self.draft_vocab is not None:
@@ -152,7 +153,8 @@ class Heads(nn.Module):
     @classmethod
     def load(cls, model: nn.Module, source: str | Path) -> "Heads":
         """Load heads for `model` from a safetensors file or a checkpoint directory (official TokenSwift
-        checkpoints, a directory saved by `save_with_model`, or one holding `heads.safetensors`)."""
+        checkpoints, a directory saved by `save_with_model`, or one holding `heads.safetensors`, which then wins over
+        heads inside its weights)."""
         tensors = read_head_tensors(source)
         if not tensors:
             raise ValueError(f"no TokenSwift head weights ({OFFICIAL_PREFIX}*) found in {source}")
@@ -177,8 +179,12 @@ def _parts(block: HeadBlock) -> dict[str, torch.Tensor]:
 
 
 def _safetensors_files(source: Path) -> list[Path]:
+    """The files heads are read from: a file itself; in a folder its heads file where it has one (heads retrained
+    for a model ship beside its weights, and those weights may still hold older heads), else its weight files."""
     if source.is_file():
         return [source]
+    if (source / HEADS_FILE).is_file():
+        return [source / HEADS_FILE]
     index = source / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
