@@ -32,10 +32,11 @@
 #if defined(__AVX512F__)
 /* The same passes serve panels stored in bfloat16 (panel_bf16, for weights that are exactly bfloat16, as the
    default model's and SmolLM2's are), on AVX-512 CPUs without AMX (or where AMX cannot serve a shape): half the
-   bytes to stream, and since a bfloat16 is the top half of a float32, widening it is exact (a zero extension and
-   a 16-bit shift), so every product and sum is bitwise panel_mm's on the float32 copy of the same weights. The
-   widening costs two zero extensions and two shifts per k step whatever the number of rows; 12 rows keep their
-   24 accumulators, the two widened weights and the broadcast in 27 of the 32 registers (no spill). Measured on
+   bytes to stream, and since a bfloat16 is the top half of a float32, widening it is exact (a 16-bit shift, or a
+   mask of the top half of a pair), so every product and sum is bitwise panel_mm's on the float32 copy of the same
+   weights. The widening costs one shift and one mask per k step whatever the number of rows (weights32_bf16); 12
+   rows keep their 24 accumulators, the two widened weights and the broadcast in 27 of the 32 registers (no
+   spill). Measured on
    a 2-vCPU Sapphire Rapids host (one thread, weights streamed from L3, a training job sharing the host; lower
    quartiles, microseconds for 1 / 4 / 8 / 12 rows): gate/up 2048x384 float32 275 / 321 / 368 / 366 -> bfloat16
    181 / 183 / 189 / 199 (AMX tiles 162 / 164 / 179 / 199; the AVX2 build's bfloat16 passes of 3 rows, in
@@ -46,12 +47,33 @@
 #define MAX_GROUP 12      /* rows per pass: 12 x 2 accumulators + 2 weight registers fit in 32 (x is broadcast from memory) */
 #define PREFETCH_BYTES 4096  /* prefetch this far ahead of the stream (32 k-rows of float32 panels, 64 of bfloat16) */
 
-static inline __m512 weights16_f32(const float *p) { return _mm512_loadu_ps(p); }
-static inline __m512 weights16_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+/* A k step's 32 weights as two 16-float registers, lo and hi. float32 panels: columns 0-15 and 16-31. bfloat16
+   panels are stored interleaved (BF16_ORDER in panels.py): one 64-byte load holds 16 pairs, pair j the columns
+   c(j) and c(j) + 8 (c(j) = j for j < 8, 8 + j for j >= 8), so a shift left by 16 bits makes the float32s of
+   columns 0-7 and 16-23 (lo) and a mask of the top halves those of columns 8-15 and 24-31 (hi): one load and two
+   single-cycle integer operations for 32 weights, where widening contiguous halves took two cross-lane zero
+   extensions and two shifts. The products are the same; only the store puts the columns back in order. */
+static inline void weights32_f32(const float *p, __m512 *lo, __m512 *hi) {
+    *lo = _mm512_loadu_ps(p);
+    *hi = _mm512_loadu_ps(p + 16);
+}
+static inline void weights32_bf16(const uint16_t *p, __m512 *lo, __m512 *hi) {
+    __m512i pairs = _mm512_loadu_si512((const void *)p);
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    *hi = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+static inline void store32_f32(float *y, __m512 lo, __m512 hi) {
+    _mm512_storeu_ps(y, lo);
+    _mm512_storeu_ps(y + 16, hi);
+}
+static inline void store32_bf16(float *y, __m512 lo, __m512 hi) {  /* lo: columns 0-7, 16-23; hi: 8-15, 24-31 */
+    _mm256_storeu_ps(y, _mm512_castps512_ps256(lo));
+    _mm256_storeu_ps(y + 8, _mm512_castps512_ps256(hi));
+    _mm256_storeu_ps(y + 16, _mm512_extractf32x8_ps(lo, 1));
+    _mm256_storeu_ps(y + 24, _mm512_extractf32x8_ps(hi, 1));
 }
 
-#define DEFINE_GROUP(NAME, WTYPE, LOAD, R)                                                             \
+#define DEFINE_GROUP(NAME, WTYPE, LOAD, STORE, R)                                                      \
 static void NAME##R(const float *x, const WTYPE *panels, float *y, int k_dim, int n_dim) {           \
     for (int p = 0; p < n_dim / PANEL; p++) {                                                     \
         const WTYPE *w = panels + (size_t)p * k_dim * PANEL;                                      \
@@ -63,29 +85,28 @@ static void NAME##R(const float *x, const WTYPE *panels, float *y, int k_dim, in
             const WTYPE *wk = w + (size_t)k * PANEL;                                              \
             _Pragma("GCC unroll 2") for (int b = 0; b < (int)sizeof(WTYPE) * PANEL; b += 64)        \
                 _mm_prefetch((const char *)wk + PREFETCH_BYTES + b, _MM_HINT_T0);                  \
-            __m512 w_lo = LOAD(wk), w_hi = LOAD(wk + 16);                                          \
+            __m512 w_lo, w_hi;                                                                    \
+            LOAD(wk, &w_lo, &w_hi);                                                               \
             _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                  \
                 __m512 xv = _mm512_set1_ps(x[(size_t)r * k_dim + k]);                             \
                 lo[r] = _mm512_fmadd_ps(xv, w_lo, lo[r]);                                         \
                 hi[r] = _mm512_fmadd_ps(xv, w_hi, hi[r]);                                         \
             }                                                                                     \
         }                                                                                         \
-        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                      \
-            _mm512_storeu_ps(y + (size_t)r * n_dim + (size_t)p * PANEL, lo[r]);                    \
-            _mm512_storeu_ps(y + (size_t)r * n_dim + (size_t)p * PANEL + 16, hi[r]);               \
-        }                                                                                         \
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++)                                        \
+            STORE(y + (size_t)r * n_dim + (size_t)p * PANEL, lo[r], hi[r]);                        \
     }                                                                                             \
 }
 
 /* NAME(x, panels, y, m, k, n): x (m, k) row-major; panels (n / 32, k, 32) of WTYPE; y (m, n) row-major; n a
    multiple of 32. Rows are taken in groups of at most 12, split evenly (16 rows: 8 + 8). */
-#define DEFINE_PRODUCT(NAME, WTYPE, LOAD)                                                              \
-DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 1) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 2)                  \
-DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 3) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 4)                  \
-DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 5) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 6)                  \
-DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 7) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 8)                  \
-DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 9) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 10)                 \
-DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 11) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, 12)                \
+#define DEFINE_PRODUCT(NAME, WTYPE, LOAD, STORE)                                                       \
+DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 1) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 2)    \
+DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 3) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 4)    \
+DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 5) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 6)    \
+DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 7) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 8)    \
+DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 9) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 10)   \
+DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 11) DEFINE_GROUP(NAME##_group, WTYPE, LOAD, STORE, 12)  \
 int NAME(const float *x, const WTYPE *panels, float *y, int m, int k_dim, int n_dim) {             \
     if (m < 0 || k_dim < 1 || n_dim < PANEL || n_dim % PANEL) return KERNEL_BAD_ARGUMENTS;        \
     typedef void (*group_fn)(const float *, const WTYPE *, float *, int, int);                   \
@@ -103,8 +124,8 @@ int NAME(const float *x, const WTYPE *panels, float *y, int m, int k_dim, int n_
     return 0;                                                                                     \
 }
 
-DEFINE_PRODUCT(panel_mm, float, weights16_f32)
-DEFINE_PRODUCT(panel_bf16, uint16_t, weights16_bf16)
+DEFINE_PRODUCT(panel_mm, float, weights32_f32, store32_f32)
+DEFINE_PRODUCT(panel_bf16, uint16_t, weights32_bf16, store32_bf16)
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* AVX2 (16 registers of 8 floats): a panel's 32 columns are four registers, so a pass keeps up to 3 rows'
@@ -114,15 +135,20 @@ DEFINE_PRODUCT(panel_bf16, uint16_t, weights16_bf16)
 
    The same passes serve panels stored in bfloat16 (panel_bf16, for weights that are exactly bfloat16, as
    the default model's are): half the bytes to stream, and since a bfloat16 is the top half of a float32,
-   widening it is exact (a 16-bit shift), so every product and sum is bitwise panel_mm's on the float32
-   copy of the same weights. */
+   widening it is exact (a 16-bit shift or a mask), so every product and sum is bitwise panel_mm's on the
+   float32 copy of the same weights. */
 #define PANEL 32
 #define MAX_GROUP 3
 #define PREFETCH_BYTES 4096  /* this far ahead of the stream */
 
-static inline __m256 weights8_f32(const float *p) { return _mm256_loadu_ps(p); }
-static inline __m256 weights8_bf16(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+/* Register i of a k step's 32 weights holds columns 8i..8i+7. bfloat16 panels are interleaved (see the AVX-512
+   loads above): the 16 pairs of a 32-byte half h hold columns 16h + j and 16h + 8 + j in pair j, so a shift makes
+   register 2h and a mask of the top halves register 2h + 1 (the compiler loads each half once). */
+static inline __m256 weights8_f32(const float *p, int i) { return _mm256_loadu_ps(p + 8 * i); }
+static inline __m256 weights8_bf16(const uint16_t *p, int i) {
+    __m256i pairs = _mm256_loadu_si256((const __m256i *)(p + 16 * (i >> 1)));
+    return _mm256_castsi256_ps(i & 1 ? _mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u))
+                                     : _mm256_slli_epi32(pairs, 16));
 }
 
 /* PREFETCH is a pass's software prefetch at each k step: STREAM fetches ahead in the panel being read
@@ -147,7 +173,7 @@ static void NAME##SUFFIX##R(const float *x, const WTYPE *w, float *y, int k_dim,
         __m256 xv[R];  /* R broadcasts + one weight register + 12 accumulators: 16 registers, no spill */ \
         for (int r = 0; r < R; r++) xv[r] = _mm256_set1_ps(x[(size_t)r * k_dim + k]);             \
         for (int i = 0; i < 4; i++) {                                                             \
-            __m256 wv = LOAD(wk + 8 * i);                                                         \
+            __m256 wv = LOAD(wk, i);                                                              \
             for (int r = 0; r < R; r++) acc[r][i] = _mm256_fmadd_ps(xv[r], wv, acc[r][i]);         \
         }                                                                                         \
     }                                                                                             \

@@ -158,6 +158,17 @@ def describe() -> str:
                " (on AMX tiles)" if q4_amx_available() else ""))
 
 
+def _bf16_order() -> torch.Tensor:
+    """The column each slot of a bfloat16 panel's k row holds (panel_mm.c, weights32_bf16): slots 2j and 2j + 1 (the
+    low and high half of 32-bit pair j) hold columns c and c + 8, c = j for j < 8 and 8 + j for j >= 8."""
+    pair = torch.arange(16)
+    low = torch.where(pair < 8, pair, pair + 8)
+    return torch.stack([low, low + 8], dim=1).reshape(32)
+
+
+BF16_ORDER = _bf16_order()  # (32,): [0, 8, 1, 9, ..., 7, 15, 16, 24, ..., 23, 31]
+
+
 class PanelMatrix:
     """W (N, K) laid out for a native kernel; `(x)` computes x @ W^T for x (T, K) float32 (T <= MAX_ROWS on panels).
 
@@ -180,7 +191,8 @@ class PanelMatrix:
             raise RuntimeError(f"the native panel kernel is not available: {why_unavailable()}")
         if bf16:
             w = weight.detach().to(torch.bfloat16).view(torch.int16)
-            self.panels = w.reshape(n // self.WIDTH, self.WIDTH, k).transpose(1, 2).contiguous()  # (N/32, K, 32)
+            panels = w.reshape(n // self.WIDTH, self.WIDTH, k).transpose(1, 2)  # (N/32, K, 32) in column order
+            self.panels = panels[..., BF16_ORDER].contiguous()  # each k row interleaved as panel_mm.c loads it
         elif amx:
             w = weight.detach().to(torch.bfloat16).view(torch.int16)  # (N, K): [n / 16][16][k / 32][16 pairs][2]
             self.panels = w.reshape(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
