@@ -49,7 +49,8 @@ typedef struct {
 size_t sizeof_layer_weights(void);
 size_t sizeof_head_weights(void);
 
-/* panel_mm.c: y (m, n) = x (m, k) @ W^T, W as n / 32 panels of (k, 32), float32 or bfloat16. */
+/* panel_mm.c: y (m, n) = x (m, k) @ W^T, W as n / 32 panels of (k, 32), float32 or bfloat16 (each k row
+   interleaved: panels.py's BF16_ORDER). */
 int panel_mm(const float *x, const float *panels, float *y, int m, int k, int n);
 int panel_bf16(const float *x, const uint16_t *panels, float *y, int m, int k, int n);
 const char *panel_isa(void);

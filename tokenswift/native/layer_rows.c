@@ -4,7 +4,7 @@
    (panel_mm.c) and attention (attend_rows.c), but PyTorch adds about 40 small ops per layer around them
    (norms, rotary, residual adds, the cache write, views and copies): measured at 1K context on the
    2-vCPU Xeon, about half of an AR step. Here those parts are plain loops over a few rows, and the
-   products call the same kernels as the PyTorch path (panel_mm.c, panel_amx.c, panel_bf16.c or panel_q4.c, as each matrix
+   products call the same kernels as the PyTorch path (panel_mm.c's two, panel_amx.c or panel_q4.c, as each matrix
    is laid out, and attend_rows.c), so the step computes the same function. Both builds of panel_mm.c (AVX-512
    and AVX2) have the bfloat16 panels; AMX tiles only the library built with them (build.py's "amx" variant).
 

@@ -10,7 +10,8 @@
    whatever the number of rows, so one row of a many-row call is bitwise equal to a one-row call.
 
    panel_bf16: the same for a W that is exactly bfloat16, on AVX-512 or AVX2 CPUs: bfloat16 panels widened to
-   float32 in registers, half the bytes of float32 panels and bitwise the same products.
+   float32 in registers, half the bytes of float32 panels and bitwise the same products. Their k rows are stored
+   interleaved (panels.py's BF16_ORDER, see weights32_bf16), so that a shift and a mask widen them.
 
    Why: there a decode step's weight products are bound by the bytes they stream (the default model: 50 MB
    of float32 layer weights, 2.9 ms of a 4.7 ms step at 1K context on a 2-vCPU AVX2 EPYC host, about
@@ -35,8 +36,8 @@
    bytes to stream, and since a bfloat16 is the top half of a float32, widening it is exact (a 16-bit shift, or a
    mask of the top half of a pair), so every product and sum is bitwise panel_mm's on the float32 copy of the same
    weights. The widening costs one shift and one mask per k step whatever the number of rows (weights32_bf16); 12
-   rows keep their 24 accumulators, the two widened weights and the broadcast in 27 of the 32 registers (no
-   spill). Measured on
+   rows keep their 24 accumulators, the two widened weights, the broadcast and the mask in 28 of the 32 registers
+   (no spill). Measured on
    a 2-vCPU Sapphire Rapids host (one thread, weights streamed from L3, a training job sharing the host; lower
    quartiles, microseconds for 1 / 4 / 8 / 12 rows): gate/up 2048x384 float32 275 / 321 / 368 / 366 -> bfloat16
    181 / 183 / 189 / 199 (AMX tiles 162 / 164 / 179 / 199; the AVX2 build's bfloat16 passes of 3 rows, in
@@ -143,7 +144,7 @@ DEFINE_PRODUCT(panel_bf16, uint16_t, weights32_bf16, store32_bf16)
 
 /* Register i of a k step's 32 weights holds columns 8i..8i+7. bfloat16 panels are interleaved (see the AVX-512
    loads above): the 16 pairs of a 32-byte half h hold columns 16h + j and 16h + 8 + j in pair j, so a shift makes
-   register 2h and a mask of the top halves register 2h + 1 (the compiler loads each half once). */
+   register 2h and a mask of the top halves register 2h + 1. */
 static inline __m256 weights8_f32(const float *p, int i) { return _mm256_loadu_ps(p + 8 * i); }
 static inline __m256 weights8_bf16(const uint16_t *p, int i) {
     __m256i pairs = _mm256_loadu_si256((const __m256i *)(p + 16 * (i >> 1)));
@@ -170,7 +171,8 @@ static void NAME##SUFFIX##R(const float *x, const WTYPE *w, float *y, int k_dim,
     for (int k = 0; k < k_dim; k++) {                                                             \
         const WTYPE *wk = w + (size_t)k * PANEL;                                                  \
         PREFETCH(WTYPE)                                                                           \
-        __m256 xv[R];  /* R broadcasts + one weight register + 12 accumulators: 16 registers, no spill */ \
+        __m256 xv[R];  /* R broadcasts + one weight register + 12 accumulators: 16 registers (bfloat16 at 3 rows: \
+                          the mask constant is reloaded from the stack, an L1 read; measured no slower) */  \
         for (int r = 0; r < R; r++) xv[r] = _mm256_set1_ps(x[(size_t)r * k_dim + k]);             \
         for (int i = 0; i < 4; i++) {                                                             \
             __m256 wv = LOAD(wk, i);                                                              \

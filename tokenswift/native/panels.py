@@ -174,10 +174,10 @@ class PanelMatrix:
 
     kind 0: N / 32 float32 panels of (K, 32) for panel_mm.c. kind 1: bfloat16 B tiles for panel_amx.c, where
     W is exactly bfloat16 (then the product is the same to float32 rounding, from half the bytes). kind 2: the
-    panels of kind 0 in bfloat16 for panel_bf16.c, where W is exactly bfloat16 and AMX does not serve it (bitwise
-    kind 0's products, from half the bytes). Kind 3: W as the GGUF Q4_1 blocks it was converted from
-    (`from_blocks`), for panel_q4.c; kind 4 the same on AMX tiles (panel_q4_amx, bitwise kind 1's products); kind 5
-    Q8_0 blocks on AMX tiles (panel_q8_amx, the same)."""
+    panels of kind 0 in bfloat16, each k row interleaved (BF16_ORDER), for panel_bf16 (panel_mm.c), where W is
+    exactly bfloat16 and AMX does not serve it (bitwise kind 0's products, from half the bytes). Kind 3: W as the
+    GGUF Q4_1 blocks it was converted from (`from_blocks`), for panel_q4.c; kind 4 the same on AMX tiles
+    (panel_q4_amx, bitwise kind 1's products); kind 5 Q8_0 blocks on AMX tiles (panel_q8_amx, the same)."""
 
     WIDTH = 32
 
