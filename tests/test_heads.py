@@ -108,7 +108,9 @@ def test_a_folders_heads_file_replaces_the_heads_inside_its_weights(tmp_path):
         assert torch.equal(a, b)
     assert loaded.draft_vocab.tolist() == [5, 3, 9]
     (tmp_path / "heads.safetensors").unlink()  # without it, the heads inside the weights load as before
-    assert ts.Heads.load(model, tmp_path).num_heads == 3 and ts.Heads.load(model, tmp_path).root_input is None
+    older = ts.Heads.load(model, tmp_path)
+    assert older.num_heads == 3 and older.root_input is None
+
 
 def test_save_with_model_puts_heads_inside_the_weights(tmp_path):
     from transformers import AutoModelForCausalLM
