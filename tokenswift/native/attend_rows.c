@@ -9,8 +9,8 @@
    are prefetched into L2, and as the values pass runs, the next KV head's keys, so that memory stays busy while
    the passes compute (measured, 2-vCPU Zen 4: one new token's attention over 1K keys 0.77-0.80x the time, over 16K
    0.72-0.77x, the default model's 8 layers between weight streams; generation of 1,000 tokens after 1K, the
-   libraries alternated in one process: AR 1.13x, auto 1.07x). The AVX2 passes measured faster at 1K keys, slower
-   from 2K on: they do not.
+   libraries alternated in one process: AR 1.13x the speed, auto 1.07x). With the same prefetches the AVX2 passes
+   measured faster at 1K keys but slower from 2K on, so they do not prefetch.
 
    A verified row is the row AR computes, bitwise. Each score is the same products and sums whatever the
    number of rows and wherever its key sits (one kernel per build for every row count: AVX-512's transposition
@@ -244,8 +244,9 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const
 }
 
 /* out[r] = sum_j p[r][j] v_j for groups of G rows with D16 = d / 16 registers each. The keys go in chunks of
-   VALUE_CHUNK: every group takes a chunk while it is still in the L1/L2 cache (the first group reads it from
-   memory), so the values are read from memory once however many groups there are; between chunks a group's
+   VALUE_CHUNK: every group takes a chunk while it is still in the L1/L2 cache (the first group brings it in; the
+   scores pass has already asked for it), so the values are read from memory once however many groups there are;
+   between chunks a group's
    sums wait in `out`. Each row's sum runs over j in order whatever its group: the same for one row alone. */
 #define VALUE_CHUNK 128
 #define DEFINE_VALUES(NAME, G, D16)                                                             \
@@ -293,7 +294,7 @@ DEFINE_VALUES(values_d128, 3, 8)
 #define SLICE 32
 #define DEFINE_VALUES_AVX2(NAME, D)                                                                  \
 static void NAME(const float *p, const float *v, const float *next, float *out, int rows, int s, int s_pad) { \
-    (void)next;  /* AVX2 passes slice the values by columns: the next head's keys are left to its own pass */ \
+    (void)next;  /* AVX2: no prefetches for the next head (measured slower from 2K keys, see scores_of) */ \
     const int groups = (rows + 2) / 3;                                                              \
     const size_t share = ((size_t)1 << 16) / (size_t)groups;  /* next-chunk keys per key step, 16.16 */ \
     for (int j0 = 0; j0 < s; j0 += VALUE_CHUNK) {                                                   \
