@@ -246,8 +246,8 @@ static void softmax_rows(float *scores, int rows, int s, int s_pad, int t, const
 /* out[r] = sum_j p[r][j] v_j for groups of G rows with D16 = d / 16 registers each. The keys go in chunks of
    VALUE_CHUNK: every group takes a chunk while it is still in the L1/L2 cache (the first group brings it in; the
    scores pass has already asked for it), so the values are read from memory once however many groups there are;
-   between chunks a group's
-   sums wait in `out`. Each row's sum runs over j in order whatever its group: the same for one row alone. */
+   between chunks a group's sums wait in `out`. Each row's sum runs over j in order whatever its group: the same
+   for one row alone. */
 #define VALUE_CHUNK 128
 #define DEFINE_VALUES(NAME, G, D16)                                                             \
 static void NAME(const float *p, const float *v, const float *next, float *out, int rows, int s, int s_pad) { \
