@@ -16,9 +16,12 @@
    instruction, where the float32 lanes need five integer operations, and looked up 32 at a time), widened to
    float32 by two unpacks (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's
    blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by
-   one or two rows of x. Three rows or more rebuild each strip once into float32 scratch, in the same order, and
-   run the float32 passes over it: rebuilt in registers per pass of rows, a 3-row call cost as much as a 4-row one
-   and 16 rows 1.4-1.6x the strip's time (AMD EPYC Zen 4, docs/performance.md, session 38).
+   up to four rows of x (one row: all 16 outputs of a strip at once; two to four: 8 at a time, 8 to 32 sums in
+   registers). Five rows or more rebuild each strip once into float32 scratch, in the same order, and run the float32
+   passes over it: rebuilt in registers per pass of rows, 16 rows cost 1.4-1.6x the strip's time (AMD EPYC Zen 4,
+   docs/performance.md, session 38). Measured on that CPU over SmolLM2's 30 layers of Q4_1 matrices, the variants
+   alternated in one process: 1 / 2 / 3 / 4 rows 0.92 / 0.89 / 0.73 / 0.91x the time of the passes before (one row 8
+   outputs at a time, two rows 4 at a time, a strip from three rows on; session 43).
    Each output still has one accumulator, taking each block's two halves in turn, the same multiply-adds in the
    same order on either path and for any number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>
@@ -138,51 +141,73 @@ static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
     float d[16], m[16];                                                                                 \
     q4_scales(group, d, m)
 
-/* One row of reordered x over strip nb's 16 outputs, 8 at a time: y[nb * 16 ..]. */
-static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y) {
+/* Eight sums named a0..a7 (or b.., e.., f..), each output's one accumulator; and the stores of eight outputs' sums. */
+#define SUMS8(s) __m512 s##0 = _mm512_setzero_ps(), s##1 = s##0, s##2 = s##0, s##3 = s##0, s##4 = s##0, \
+                        s##5 = s##0, s##6 = s##0, s##7 = s##0
+#define STORE8(out, s) (out)[0] = q4v_sum(s##0), (out)[1] = q4v_sum(s##1), (out)[2] = q4v_sum(s##2), \
+                       (out)[3] = q4v_sum(s##3), (out)[4] = q4v_sum(s##4), (out)[5] = q4v_sum(s##5), \
+                       (out)[6] = q4v_sum(s##6), (out)[7] = q4v_sum(s##7)
+
+/* Output i's sums over a rebuilt row, for rows 0..R-1 of reordered x (xb: this block's inputs of row 0). */
+#define DOTS1(i, row) a##i = dot_block(a##i, row, xb)
+#define DOTS2(i, row) DOTS1(i, row), b##i = dot_block(b##i, row, xb + k)
+#define DOTS3(i, row) DOTS2(i, row), e##i = dot_block(e##i, row, xb + 2 * (size_t)k)
+#define DOTS4(i, row) DOTS3(i, row), f##i = dot_block(f##i, row, xb + 3 * (size_t)k)
+
+/* Rows first..first+7 of the group rebuilt in pairs, each taken by the R rows of x into sums i = 0..7. */
+#define TAKE8(R, first)                                                                                 \
+    q4_row_pair_bf16(group, d, m, (first) + 0, &r0, &r1); DOTS##R(0, r0); DOTS##R(1, r1);             \
+    q4_row_pair_bf16(group, d, m, (first) + 2, &r0, &r1); DOTS##R(2, r0); DOTS##R(3, r1);             \
+    q4_row_pair_bf16(group, d, m, (first) + 4, &r0, &r1); DOTS##R(4, r0); DOTS##R(5, r1);             \
+    q4_row_pair_bf16(group, d, m, (first) + 6, &r0, &r1); DOTS##R(6, r0); DOTS##R(7, r1)
+
+/* One row of reordered x over strip nb's 16 outputs at once (sixteen sums: a group's scales are read once, where
+   eight at a time read them twice; measured 0.92x the time over SmolLM2's 30 layers): y[nb * 16 ..]. */
+static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
+    (void)n;
     const int blocks = k / Q4_K;
-    for (int c0 = 0; c0 < Q4_ROWS; c0 += 8) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int kb = 0; kb < blocks; kb++) {
-            LOOKUP_GROUP(c0);
-            const float *x0 = xo + (size_t)kb * Q4_K;
-            __m512i r0, r1;
-            q4_row_pair_bf16(group, d, m, c0 + 0, &r0, &r1);
-            a0 = dot_block(a0, r0, x0), a1 = dot_block(a1, r1, x0);
-            q4_row_pair_bf16(group, d, m, c0 + 2, &r0, &r1);
-            a2 = dot_block(a2, r0, x0), a3 = dot_block(a3, r1, x0);
-            q4_row_pair_bf16(group, d, m, c0 + 4, &r0, &r1);
-            a4 = dot_block(a4, r0, x0), a5 = dot_block(a5, r1, x0);
-            q4_row_pair_bf16(group, d, m, c0 + 6, &r0, &r1);
-            a6 = dot_block(a6, r0, x0), a7 = dot_block(a7, r1, x0);
-        }
-        float *out = y + (size_t)nb * Q4_ROWS + c0;
-        out[0] = q4v_sum(a0), out[1] = q4v_sum(a1), out[2] = q4v_sum(a2), out[3] = q4v_sum(a3);
-        out[4] = q4v_sum(a4), out[5] = q4v_sum(a5), out[6] = q4v_sum(a6), out[7] = q4v_sum(a7);
+    SUMS8(a);
+    SUMS8(b);
+    for (int kb = 0; kb < blocks; kb++) {
+        LOOKUP_GROUP(0);
+        const float *xb = xo + (size_t)kb * Q4_K;
+        __m512i r0, r1;
+        TAKE8(1, 0);
+        q4_row_pair_bf16(group, d, m, 8, &r0, &r1);
+        b0 = dot_block(b0, r0, xb), b1 = dot_block(b1, r1, xb);
+        q4_row_pair_bf16(group, d, m, 10, &r0, &r1);
+        b2 = dot_block(b2, r0, xb), b3 = dot_block(b3, r1, xb);
+        q4_row_pair_bf16(group, d, m, 12, &r0, &r1);
+        b4 = dot_block(b4, r0, xb), b5 = dot_block(b5, r1, xb);
+        q4_row_pair_bf16(group, d, m, 14, &r0, &r1);
+        b6 = dot_block(b6, r0, xb), b7 = dot_block(b7, r1, xb);
     }
+    float *out = y + (size_t)nb * Q4_ROWS;
+    STORE8(out, a);
+    STORE8(out + 8, b);
 }
 
-/* Two rows over strip nb's 16 outputs, 4 at a time, each rebuilt row serving both: y[r * n + nb * 16 ..]. */
-static void q4_lookup_pass2(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) {
-    const int blocks = k / Q4_K;
-    for (int c0 = 0; c0 < Q4_ROWS; c0 += 4) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (int kb = 0; kb < blocks; kb++) {
-            LOOKUP_GROUP(c0);
-            const float *x0 = xo + (size_t)kb * Q4_K, *x1 = x0 + k;
-            __m512i r0, r1;
-            q4_row_pair_bf16(group, d, m, c0 + 0, &r0, &r1);
-            a0 = dot_block(a0, r0, x0), b0 = dot_block(b0, r0, x1);
-            a1 = dot_block(a1, r1, x0), b1 = dot_block(b1, r1, x1);
-            q4_row_pair_bf16(group, d, m, c0 + 2, &r0, &r1);
-            a2 = dot_block(a2, r0, x0), b2 = dot_block(b2, r0, x1);
-            a3 = dot_block(a3, r1, x0), b3 = dot_block(b3, r1, x1);
-        }
-        float *out = y + (size_t)nb * Q4_ROWS + c0, *out1 = out + n;
-        out[0] = q4v_sum(a0), out[1] = q4v_sum(a1), out[2] = q4v_sum(a2), out[3] = q4v_sum(a3);
-        out1[0] = q4v_sum(b0), out1[1] = q4v_sum(b1), out1[2] = q4v_sum(b2), out1[3] = q4v_sum(b3);
-    }
+/* R rows of reordered x (2 to 4) over strip nb's 16 outputs, 8 at a time, each rebuilt row serving all R (8R sums;
+   at four rows 32, as many as the registers, and still 0.91x the strip's time): y[r * n + nb * 16 ..]. */
+#define DEFINE_LOOKUP_PASS(R, DECLARE, STORE)                                                           \
+static void q4_lookup_pass##R(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) { \
+    const int blocks = k / Q4_K;                                                                        \
+    for (int first = 0; first < Q4_ROWS; first += 8) {                                                  \
+        DECLARE;                                                                                        \
+        for (int kb = 0; kb < blocks; kb++) {                                                           \
+            LOOKUP_GROUP(first);                                                                        \
+            const float *xb = xo + (size_t)kb * Q4_K;                                                   \
+            __m512i r0, r1;                                                                             \
+            TAKE8(R, first);                                                                            \
+        }                                                                                               \
+        float *out = y + (size_t)nb * Q4_ROWS + first;                                                  \
+        STORE;                                                                                          \
+    }                                                                                                   \
 }
+DEFINE_LOOKUP_PASS(2, SUMS8(a); SUMS8(b), STORE8(out, a); STORE8(out + n, b))
+DEFINE_LOOKUP_PASS(3, SUMS8(a); SUMS8(b); SUMS8(e), STORE8(out, a); STORE8(out + n, b); STORE8(out + 2 * (size_t)n, e))
+DEFINE_LOOKUP_PASS(4, SUMS8(a); SUMS8(b); SUMS8(e); SUMS8(f),
+                   STORE8(out, a); STORE8(out + n, b); STORE8(out + 2 * (size_t)n, e); STORE8(out + 3 * (size_t)n, f))
 
 /* Strip nb's 16 outputs rebuilt once into float32 (16, k), each block's 32 values in the unpacks' order (widen_lo's
    16, then widen_hi's), the next strip's groups prefetched. */
@@ -212,7 +237,7 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
     float *xo = (float *)scratch;
     order_inputs(x, xo, m, k);
     const int strips = n / Q4_ROWS;
-    if (m > 2) {  /* rebuild each strip once for every pass of rows, not once per pass */
+    if (m > 4) {  /* rebuild each strip once for every pass of rows, not once per pass */
         float *strip = xo + (size_t)m * k;
         for (int nb = 0; nb < strips; nb++) {
             q4_rebuild_strip_ordered(w, k, nb, strips, strip);
@@ -220,9 +245,10 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
         }
         return 0;
     }
-    for (int nb = 0; nb < strips; nb++)  /* one or two rows: each rebuilt row stays in registers */
-        if (m == 2) q4_lookup_pass2(w, k, nb, strips, xo, y, n);
-        else if (m == 1) q4_lookup_pass1(w, k, nb, strips, xo, y);
+    typedef void (*lookup_fn)(const uint8_t *, int, int, int, const float *, float *, int);
+    static const lookup_fn lookups[5] = {0, q4_lookup_pass1, q4_lookup_pass2, q4_lookup_pass3, q4_lookup_pass4};
+    for (int nb = 0; nb < strips && m > 0; nb++)  /* up to four rows: each rebuilt row stays in registers */
+        lookups[m](w, k, nb, strips, xo, y, n);
     return 0;
 }
 
