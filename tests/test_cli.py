@@ -46,6 +46,34 @@ def test_bad_settings_give_a_clear_message(tmp_path):
     assert proc.stderr.strip() == "error: top_p must be a number greater than 0 and at most 1 (1 turns it off); got 1.5."
 
 
+def test_a_model_that_is_not_here_is_one_sentence_without_the_network(tmp_path, monkeypatch):
+    """A mistyped folder or an id not in the Hub cache: one sentence, nothing downloaded (the Hub client is offline
+    here, so any attempt would fail with its own message instead). A cached id resolves to its snapshot."""
+    from huggingface_hub import constants
+
+    from tokenswift.builtin import local_model
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for name in ("nonexistent-dir", "./typo-model", str(tmp_path / "missing"), "someone/not-cached"):
+        with pytest.raises(ValueError) as info:
+            local_model(name)
+        assert str(info.value).startswith(f"no model folder at {name!r}, and no Hugging Face model of that name")
+    snapshot = tmp_path / "hub" / "models--someone--cached"
+    (snapshot / "refs").mkdir(parents=True)
+    (snapshot / "refs" / "main").write_text("0" * 40)
+    save_tiny_checkpoint(snapshot / "snapshots" / ("0" * 40), with_heads=False)
+    assert local_model("someone/cached") == str(snapshot / "snapshots" / ("0" * 40))
+    assert local_model(str(tmp_path / "hub")) == str(tmp_path / "hub")  # a folder is itself
+
+
+def test_the_command_line_names_a_missing_model_in_one_line():
+    proc = run_cli("generate", "--model", "./typo-model", "--prompt", "x")
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert err.startswith("error: no model folder at './typo-model'") and "\n" not in err
+
+
 def test_every_setting_is_a_flag_with_the_dataclass_default():
     from tokenswift.__main__ import CLI_DEFAULTS, build_parser
 

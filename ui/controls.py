@@ -68,6 +68,16 @@ def page_model(models: Mapping[str, str]) -> str:
     return names[0]
 
 
+def check_page_model(models: Mapping[str, str]) -> None:
+    """Raise ValueError (one sentence) where $TOKENSWIFT_PAGE_MODEL names no entry of the menu (nor a built-in model
+    in it); the server checks this before it starts."""
+    from tokenswift.serve.models import entry_named
+
+    wanted = os.environ.get(PAGE_MODEL_ENV, "")
+    if wanted and entry_named(models, wanted) not in models:
+        raise ValueError(f"{PAGE_MODEL_ENV}={wanted!r} is not in the model menu: choose one of {', '.join(models)}")
+
+
 @dataclass(frozen=True)
 class RunControls:
     prompt: str

@@ -12,11 +12,15 @@ import torch
 
 from ..builtin import resolve_model
 from ..kinds import Method
+from ..train.corpus import default_corpus_dir
 from . import speed
 from .conditions import conditions, print_conditions
 from .prompts import held_out_prompts
 from .report import headline, markdown_table, speed_figure, write_png
 from .speed import load_hf_models, method_settings, run_speed
+
+
+EMMA = str(default_corpus_dir() / "emma.txt")  # the default book of the commands that read one (any working folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,19 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--tokens", type=int, default=120)
     b = sub.add_parser("suffix-bound", help="tokens/iteration suffix drafts alone could give, rows free (greedy)")
     b.add_argument("--model", default="assets/default-model")
-    b.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
+    b.add_argument("--text", default=EMMA, help="prompt from its held-out part (default: %(default)s)")
     b.add_argument("--context", type=int, default=1024)
     b.add_argument("--tokens", type=int, default=1000)
     b.add_argument("--penalty", type=float, default=1.0)
     b.add_argument("--row-costs", default=None, help="'1:1,3:1.07,...': q rows' time in one-row steps (bench rows)")
     h = sub.add_parser("draft-hits", help="how often the suffix match and the datastore guess the next token")
     h.add_argument("--model", default="assets/default-model")
-    h.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
+    h.add_argument("--text", default=EMMA, help="prompt from its held-out part (default: %(default)s)")
     h.add_argument("--context", type=int, default=1024)
     h.add_argument("--tokens", type=int, default=1000)
     r = sub.add_parser("rows", help="one forward of 1, 2, ... new tokens, split into attention, matrices and the rest")
     r.add_argument("--model", default="assets/default-model")
-    r.add_argument("--text", default="../shared/corpus/emma.txt", help="prompt from its held-out part")
+    r.add_argument("--text", default=EMMA, help="prompt from its held-out part (default: %(default)s)")
     r.add_argument("--context", type=int, default=1024)
     r.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 9, 12])
     r.add_argument("--repeats", type=int, default=60)

@@ -39,6 +39,21 @@ def allowlist() -> dict[str, str]:
     return models
 
 
+def check_allowlist() -> None:
+    """Raise ValueError (one sentence naming the variable) where the operator's model settings cannot serve: an item of
+    TOKENSWIFT_MODELS that is not name=source, or an entry (TOKENSWIFT_DEFAULT_MODEL's too) naming neither a model
+    folder nor a built-in model. The server checks this before it starts, as it does its limits."""
+    for item in filter(None, (os.environ.get("TOKENSWIFT_MODELS") or "").split(";")):
+        name, sep, path = item.partition("=")
+        if not (sep and name.strip() and path.strip()):
+            raise ValueError(f"TOKENSWIFT_MODELS: {shown(item)} is not name=folder (or name=built-in model's name); "
+                             "items are separated by ';'")
+    for name, path in allowlist().items():
+        if not is_builtin(path) and not (Path(path) / "config.json").is_file():
+            variable = "TOKENSWIFT_DEFAULT_MODEL" if name == DEFAULT_MODEL_NAME else "TOKENSWIFT_MODELS"
+            raise ValueError(f"{variable}: no model folder (one with a config.json) at {path}")
+
+
 def entry_named(models: Mapping[str, str], name: str) -> str:
     """The allowlist's entry that `name` means: the entry itself, or the entry of the built-in model of that name
     (`smollm2-135m` for "SmolLM2-135M-Instruct (fetched on first use)"); else `name` unchanged (refused later)."""
@@ -49,7 +64,9 @@ def entry_named(models: Mapping[str, str], name: str) -> str:
 
 def _check_name(models: dict[str, str], name: str) -> str:
     if name not in models:
-        raise ValueError(f"unknown model {shown(name)}: choose one of {', '.join(models)}")
+        builtins = [source for source in models.values() if is_builtin(source)]
+        also = f" (or a built-in model's name: {', '.join(builtins)})" if builtins else ""
+        raise ValueError(f"unknown model {shown(name)}: choose one of {', '.join(models)}{also}")
     path = models[name]
     if not is_builtin(path) and not Path(path).exists():
         raise ValueError(f"model files not found at {path}")

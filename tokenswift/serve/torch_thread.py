@@ -46,7 +46,7 @@ class TorchThread:
         return self.submit(fn, *args, **kwargs).result()
 
 
-def engine_threads() -> int:
+def engine_threads(strict: bool = False) -> int:
     """TOKENSWIFT_TORCH_THREADS if set, else all cores but one (at least 1).
 
     The spare core serves the web server and, when the page is opened on the same machine, the browser:
@@ -56,6 +56,8 @@ def engine_threads() -> int:
     value = os.environ.get("TOKENSWIFT_TORCH_THREADS", "").strip()
     if value.isdigit() and int(value) > 0:
         return int(value)
+    if value and strict:  # the server checks before it starts; this module's own thread takes the default
+        raise ValueError(f"TOKENSWIFT_TORCH_THREADS must be a whole number of threads, 1 or more; got {value!r}")
     return max(1, (os.cpu_count() or 1) - 1)
 
 
