@@ -16,12 +16,12 @@
    instruction, where the float32 lanes need five integer operations, and looked up 32 at a time), widened to
    float32 by two unpacks (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's
    blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by
-   up to four rows of x (one row: all 16 outputs of a strip at once; two to four: 8 at a time, 8 to 32 sums in
-   registers). Five rows or more rebuild each strip once into float32 scratch, in the same order, and run the float32
-   passes over it: rebuilt in registers per pass of rows, 16 rows cost 1.4-1.6x the strip's time (AMD EPYC Zen 4,
+   up to six rows of x (one row: all 16 outputs of a strip at once; two to four: 8 at a time, five and six: 4 at a
+   time; up to 32 sums in registers). Seven rows or more rebuild each strip once into float32 scratch, in the same
+   order, and run the float32 passes over it: rebuilt in registers per pass of rows, 16 rows cost 1.4-1.6x the strip's time (AMD EPYC Zen 4,
    docs/performance.md, session 38). Measured on that CPU over SmolLM2's 30 layers of Q4_1 matrices, the variants
-   alternated in one process: 1 / 2 / 3 / 4 rows 0.92 / 0.89 / 0.73 / 0.91x the time of the passes before (one row 8
-   outputs at a time, two rows 4 at a time, a strip from three rows on; session 43).
+   alternated in one process: 1 / 2 / 3 / 4 / 5 / 6 rows 0.92 / 0.89 / 0.73 / 0.91 / 0.88 / 0.92x the time of the
+   passes before (one row 8 outputs at a time, two rows 4 at a time, a strip from three rows on; session 43).
    Each output still has one accumulator, taking each block's two halves in turn, the same multiply-adds in the
    same order on either path and for any number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>
@@ -141,11 +141,14 @@ static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
     float d[16], m[16];                                                                                 \
     q4_scales(group, d, m)
 
-/* Eight sums named a0..a7 (or b.., e.., f..), each output's one accumulator; and the stores of eight outputs' sums. */
+/* Eight (or four) sums named a0..a7 (or b.., e.., ...), each output's one accumulator; and the stores of their
+   outputs' sums. */
 #define SUMS8(s) __m512 s##0 = _mm512_setzero_ps(), s##1 = s##0, s##2 = s##0, s##3 = s##0, s##4 = s##0, \
                         s##5 = s##0, s##6 = s##0, s##7 = s##0
-#define STORE8(out, s) (out)[0] = q4v_sum(s##0), (out)[1] = q4v_sum(s##1), (out)[2] = q4v_sum(s##2), \
-                       (out)[3] = q4v_sum(s##3), (out)[4] = q4v_sum(s##4), (out)[5] = q4v_sum(s##5), \
+#define SUMS4(s) __m512 s##0 = _mm512_setzero_ps(), s##1 = s##0, s##2 = s##0, s##3 = s##0
+#define STORE4(out, s) (out)[0] = q4v_sum(s##0), (out)[1] = q4v_sum(s##1), (out)[2] = q4v_sum(s##2), \
+                       (out)[3] = q4v_sum(s##3)
+#define STORE8(out, s) STORE4(out, s), (out)[4] = q4v_sum(s##4), (out)[5] = q4v_sum(s##5), \
                        (out)[6] = q4v_sum(s##6), (out)[7] = q4v_sum(s##7)
 
 /* Output i's sums over a rebuilt row, for rows 0..R-1 of reordered x (xb: this block's inputs of row 0). */
@@ -153,11 +156,15 @@ static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
 #define DOTS2(i, row) DOTS1(i, row), b##i = dot_block(b##i, row, xb + k)
 #define DOTS3(i, row) DOTS2(i, row), e##i = dot_block(e##i, row, xb + 2 * (size_t)k)
 #define DOTS4(i, row) DOTS3(i, row), f##i = dot_block(f##i, row, xb + 3 * (size_t)k)
+#define DOTS5(i, row) DOTS4(i, row), g##i = dot_block(g##i, row, xb + 4 * (size_t)k)
+#define DOTS6(i, row) DOTS5(i, row), h##i = dot_block(h##i, row, xb + 5 * (size_t)k)
 
-/* Rows first..first+7 of the group rebuilt in pairs, each taken by the R rows of x into sums i = 0..7. */
-#define TAKE8(R, first)                                                                                 \
+/* Rows first..first+3 (or +7) of the group rebuilt in pairs, each taken by the R rows of x into sums i = 0..3 (0..7). */
+#define TAKE4(R, first)                                                                                 \
     q4_row_pair_bf16(group, d, m, (first) + 0, &r0, &r1); DOTS##R(0, r0); DOTS##R(1, r1);             \
-    q4_row_pair_bf16(group, d, m, (first) + 2, &r0, &r1); DOTS##R(2, r0); DOTS##R(3, r1);             \
+    q4_row_pair_bf16(group, d, m, (first) + 2, &r0, &r1); DOTS##R(2, r0); DOTS##R(3, r1)
+#define TAKE8(R, first)                                                                                 \
+    TAKE4(R, first);                                                                                    \
     q4_row_pair_bf16(group, d, m, (first) + 4, &r0, &r1); DOTS##R(4, r0); DOTS##R(5, r1);             \
     q4_row_pair_bf16(group, d, m, (first) + 6, &r0, &r1); DOTS##R(6, r0); DOTS##R(7, r1)
 
@@ -187,27 +194,36 @@ static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const f
     STORE8(out + 8, b);
 }
 
-/* R rows of reordered x (2 to 4) over strip nb's 16 outputs, 8 at a time, each rebuilt row serving all R (8R sums;
-   at four rows 32, as many as the registers, and still 0.91x the strip's time): y[r * n + nb * 16 ..]. */
-#define DEFINE_LOOKUP_PASS(R, DECLARE, STORE)                                                           \
+/* R rows of reordered x (2 to Q4_LOOKUP_ROWS) over strip nb's 16 outputs, OUTS at a time (8 for up to four rows, 4
+   for five and six: at most 32 sums, as many as the registers), each rebuilt row serving all R: y[r * n + nb * 16 ..].
+   Measured against a strip rebuilt once for all rows: 4 / 5 / 6 rows about 0.91 / 0.88 / 0.92x its time; 8 rows
+   (four at a time) 1.07x, 7 rows the same time. */
+#define Q4_LOOKUP_ROWS 6
+#define DEFINE_LOOKUP_PASS(R, OUTS, DECLARE, STORE)                                                     \
 static void q4_lookup_pass##R(const uint8_t *w, int k, int nb, int strips, const float *xo, float *y, int n) { \
     const int blocks = k / Q4_K;                                                                        \
-    for (int first = 0; first < Q4_ROWS; first += 8) {                                                  \
+    for (int first = 0; first < Q4_ROWS; first += OUTS) {                                               \
         DECLARE;                                                                                        \
         for (int kb = 0; kb < blocks; kb++) {                                                           \
             LOOKUP_GROUP(first);                                                                        \
             const float *xb = xo + (size_t)kb * Q4_K;                                                   \
             __m512i r0, r1;                                                                             \
-            TAKE8(R, first);                                                                            \
+            TAKE##OUTS(R, first);                                                                       \
         }                                                                                               \
         float *out = y + (size_t)nb * Q4_ROWS + first;                                                  \
         STORE;                                                                                          \
     }                                                                                                   \
 }
-DEFINE_LOOKUP_PASS(2, SUMS8(a); SUMS8(b), STORE8(out, a); STORE8(out + n, b))
-DEFINE_LOOKUP_PASS(3, SUMS8(a); SUMS8(b); SUMS8(e), STORE8(out, a); STORE8(out + n, b); STORE8(out + 2 * (size_t)n, e))
-DEFINE_LOOKUP_PASS(4, SUMS8(a); SUMS8(b); SUMS8(e); SUMS8(f),
-                   STORE8(out, a); STORE8(out + n, b); STORE8(out + 2 * (size_t)n, e); STORE8(out + 3 * (size_t)n, f))
+#define ROW(r) (out + (r) * (size_t)n)
+DEFINE_LOOKUP_PASS(2, 8, SUMS8(a); SUMS8(b), STORE8(ROW(0), a); STORE8(ROW(1), b))
+DEFINE_LOOKUP_PASS(3, 8, SUMS8(a); SUMS8(b); SUMS8(e), STORE8(ROW(0), a); STORE8(ROW(1), b); STORE8(ROW(2), e))
+DEFINE_LOOKUP_PASS(4, 8, SUMS8(a); SUMS8(b); SUMS8(e); SUMS8(f),
+                   STORE8(ROW(0), a); STORE8(ROW(1), b); STORE8(ROW(2), e); STORE8(ROW(3), f))
+DEFINE_LOOKUP_PASS(5, 4, SUMS4(a); SUMS4(b); SUMS4(e); SUMS4(f); SUMS4(g),
+                   STORE4(ROW(0), a); STORE4(ROW(1), b); STORE4(ROW(2), e); STORE4(ROW(3), f); STORE4(ROW(4), g))
+DEFINE_LOOKUP_PASS(6, 4, SUMS4(a); SUMS4(b); SUMS4(e); SUMS4(f); SUMS4(g); SUMS4(h),
+                   STORE4(ROW(0), a); STORE4(ROW(1), b); STORE4(ROW(2), e); STORE4(ROW(3), f); STORE4(ROW(4), g);
+                   STORE4(ROW(5), h))
 
 /* Strip nb's 16 outputs rebuilt once into float32 (16, k), each block's 32 values in the unpacks' order (widen_lo's
    16, then widen_hi's), the next strip's groups prefetched. */
@@ -237,7 +253,7 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
     float *xo = (float *)scratch;
     order_inputs(x, xo, m, k);
     const int strips = n / Q4_ROWS;
-    if (m > 4) {  /* rebuild each strip once for every pass of rows, not once per pass */
+    if (m > Q4_LOOKUP_ROWS) {  /* rebuild each strip once for every pass of rows, not once per pass */
         float *strip = xo + (size_t)m * k;
         for (int nb = 0; nb < strips; nb++) {
             q4_rebuild_strip_ordered(w, k, nb, strips, strip);
@@ -246,8 +262,9 @@ int panel_q4(const float *x, const uint8_t *w, float *y, int m, int k, int n, vo
         return 0;
     }
     typedef void (*lookup_fn)(const uint8_t *, int, int, int, const float *, float *, int);
-    static const lookup_fn lookups[5] = {0, q4_lookup_pass1, q4_lookup_pass2, q4_lookup_pass3, q4_lookup_pass4};
-    for (int nb = 0; nb < strips && m > 0; nb++)  /* up to four rows: each rebuilt row stays in registers */
+    static const lookup_fn lookups[Q4_LOOKUP_ROWS + 1] = {0, q4_lookup_pass1, q4_lookup_pass2, q4_lookup_pass3,
+                                                          q4_lookup_pass4, q4_lookup_pass5, q4_lookup_pass6};
+    for (int nb = 0; nb < strips && m > 0; nb++)  /* up to six rows: each rebuilt row stays in registers */
         lookups[m](w, k, nb, strips, xo, y, n);
     return 0;
 }
