@@ -18,10 +18,11 @@
    blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by
    up to six rows of x (one row: all 16 outputs of a strip at once; two to four: 8 at a time, five and six: 4 at a
    time; up to 32 sums in registers). Seven rows or more rebuild each strip once into float32 scratch, in the same
-   order, and run the float32 passes over it: rebuilt in registers per pass of rows, 16 rows cost 1.4-1.6x the strip's time (AMD EPYC Zen 4,
-   docs/performance.md, session 38). Measured on that CPU over SmolLM2's 30 layers of Q4_1 matrices, the variants
-   alternated in one process: 1 / 2 / 3 / 4 / 5 / 6 rows 0.92 / 0.89 / 0.73 / 0.91 / 0.88 / 0.92x the time of the
-   passes before (one row 8 outputs at a time, two rows 4 at a time, a strip from three rows on; session 43).
+   order, and run the float32 passes over it: rebuilt in registers per pass of rows, 16 rows cost 1.4-1.6x the
+   strip's time (AMD EPYC Zen 4, docs/performance.md, session 38). Measured on that CPU over SmolLM2's 30 layers of
+   Q4_1 matrices, the variants alternated in one process: 1 / 2 / 3 / 4 / 5 / 6 rows 0.92 / 0.87 / 0.73 / 0.90 / 0.88
+   / 0.94x the time of the passes before (one row 8 outputs at a time, two rows 4 at a time, a strip from three rows
+   on; session 43).
    Each output still has one accumulator, taking each block's two halves in turn, the same multiply-adds in the
    same order on either path and for any number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>
@@ -159,7 +160,8 @@ static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
 #define DOTS5(i, row) DOTS4(i, row), g##i = dot_block(g##i, row, xb + 4 * (size_t)k)
 #define DOTS6(i, row) DOTS5(i, row), h##i = dot_block(h##i, row, xb + 5 * (size_t)k)
 
-/* Rows first..first+3 (or +7) of the group rebuilt in pairs, each taken by the R rows of x into sums i = 0..3 (0..7). */
+/* Rows first..first+3 (or +7) of the group rebuilt in pairs, each taken by the R rows of x into sums i = 0..3
+   (0..7). */
 #define TAKE4(R, first)                                                                                 \
     q4_row_pair_bf16(group, d, m, (first) + 0, &r0, &r1); DOTS##R(0, r0); DOTS##R(1, r1);             \
     q4_row_pair_bf16(group, d, m, (first) + 2, &r0, &r1); DOTS##R(2, r0); DOTS##R(3, r1)
@@ -196,7 +198,7 @@ static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const f
 
 /* R rows of reordered x (2 to Q4_LOOKUP_ROWS) over strip nb's 16 outputs, OUTS at a time (8 for up to four rows, 4
    for five and six: at most 32 sums, as many as the registers), each rebuilt row serving all R: y[r * n + nb * 16 ..].
-   Measured against a strip rebuilt once for all rows: 4 / 5 / 6 rows about 0.91 / 0.88 / 0.92x its time; 8 rows
+   Measured against a strip rebuilt once for all rows: 4 / 5 / 6 rows about 0.90 / 0.88 / 0.94x its time; 8 rows
    (four at a time) 1.07x, 7 rows the same time. */
 #define Q4_LOOKUP_ROWS 6
 #define DEFINE_LOOKUP_PASS(R, OUTS, DECLARE, STORE)                                                     \
