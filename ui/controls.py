@@ -74,7 +74,7 @@ def check_page_model(models: Mapping[str, str]) -> None:
     from tokenswift.serve.models import entry_named
 
     wanted = os.environ.get(PAGE_MODEL_ENV, "")
-    if wanted and entry_named(models, wanted) not in models:
+    if wanted.strip() and entry_named(models, wanted) not in models:
         raise ValueError(f"{PAGE_MODEL_ENV}={wanted!r} is not in the model menu: choose one of {', '.join(models)}")
 
 

@@ -17,12 +17,12 @@
    float32 by two unpacks (free of shuffles across lanes: the unpacks put the inputs in their own order, so x's
    blocks are put in that order once per call, order_inputs), and multiplied there with float32 multiply-adds by
    up to six rows of x (one row: all 16 outputs of a strip at once; two to four: 8 at a time, five and six: 4 at a
-   time; up to 32 sums in registers). Seven rows or more rebuild each strip once into float32 scratch, in the same
-   order, and run the float32 passes over it: rebuilt in registers per pass of rows, 16 rows cost 1.4-1.6x the
-   strip's time (AMD EPYC Zen 4, docs/performance.md, session 38). Measured on that CPU over SmolLM2's 30 layers of
-   Q4_1 matrices, the variants alternated in one process: 1 / 2 / 3 / 4 / 5 / 6 rows 0.92 / 0.87 / 0.73 / 0.90 / 0.88
-   / 0.94x the time of the passes before (one row 8 outputs at a time, two rows 4 at a time, a strip from three rows
-   on; session 43).
+   time; 8 to 32 sums, of which GCC keeps some of three and four rows' on the stack, faster all the same). Seven
+   rows or more rebuild each strip once into float32 scratch, in the same order, and run the float32 passes over it:
+   rebuilt in registers per pass of rows instead, 16 rows cost 1.4-1.6x the strip's time (AMD EPYC Zen 4,
+   docs/performance.md, session 38). Measured on that CPU over SmolLM2's 30 layers of Q4_1 matrices, the variants
+   alternated in one process: 1 / 2 / 3 / 4 / 5 / 6 rows 0.92 / 0.87 / 0.73 / 0.90 / 0.88 / 0.94x the time of the
+   passes before (one row 8 outputs at a time, two rows 4 at a time, a strip from three rows on; session 43).
    Each output still has one accumulator, taking each block's two halves in turn, the same multiply-adds in the
    same order on either path and for any number of rows: a row of a many-row call is bitwise the one-row call. */
 #include <stddef.h>
@@ -197,7 +197,8 @@ static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const f
 }
 
 /* R rows of reordered x (2 to Q4_LOOKUP_ROWS) over strip nb's 16 outputs, OUTS at a time (8 for up to four rows, 4
-   for five and six: at most 32 sums, as many as the registers), each rebuilt row serving all R: y[r * n + nb * 16 ..].
+   for five and six: at most 32 sums; GCC 12 keeps about 5 of three rows' and 14 of four rows' on the stack, which
+   the times below include), each rebuilt row serving all R: y[r * n + nb * 16 ..].
    Measured against a strip rebuilt once for all rows: 4 / 5 / 6 rows about 0.90 / 0.88 / 0.94x its time; 8 rows
    (four at a time) 1.07x, 7 rows the same time. */
 #define Q4_LOOKUP_ROWS 6
@@ -243,7 +244,7 @@ static void q4_rebuild_strip_ordered(const uint8_t *w, int k, int nb, int strips
     }
 }
 
-long panel_q4_scratch(int m, int k) {  /* x reordered, then (three rows or more) a rebuilt strip */
+long panel_q4_scratch(int m, int k) {  /* x reordered, then (seven rows or more) a rebuilt strip */
     return k < 1 ? 0 : (long)((m < 1 ? 1 : m) + Q4_ROWS) * k * (long)sizeof(float);
 }
 

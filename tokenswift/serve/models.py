@@ -43,7 +43,7 @@ def check_allowlist() -> None:
     """Raise ValueError (one sentence naming the variable) where the operator's model settings cannot serve: an item of
     TOKENSWIFT_MODELS that is not name=source, or an entry (TOKENSWIFT_DEFAULT_MODEL's too) naming neither a model
     folder nor a built-in model. The server checks this before it starts, as it does its limits."""
-    for item in filter(None, (os.environ.get("TOKENSWIFT_MODELS") or "").split(";")):
+    for item in filter(None, (part.strip() for part in (os.environ.get("TOKENSWIFT_MODELS") or "").split(";"))):
         name, sep, path = item.partition("=")
         if not (sep and name.strip() and path.strip()):
             raise ValueError(f"TOKENSWIFT_MODELS: {shown(item)} is not name=folder (or name=built-in model's name); "
