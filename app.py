@@ -21,7 +21,7 @@ def main() -> None:
     from tokenswift.native import build
     from tokenswift.serve.client_address import trusted_proxies
 
-    from tokenswift.serve.models import allowlist, check_allowlist
+    from tokenswift.serve.models import check_allowlist
     from tokenswift.serve.torch_thread import engine_threads
     from ui.controls import check_page_model
 
@@ -31,8 +31,7 @@ def main() -> None:
         proxies = trusted_proxies()
         build.variant()  # a malformed TOKENSWIFT_ISA stops the server here, not the engine at every start
         engine_threads(strict=True)
-        check_allowlist()  # the models' settings: a missing folder stops the server here, not its first visitor
-        check_page_model(allowlist())
+        check_page_model(check_allowlist())  # a missing model folder stops the server here, not its first visitor
     except ValueError as exc:
         sys.exit(f"error: {exc}")
 

@@ -159,6 +159,7 @@ static inline __m512 dot_block(__m512 acc, __m512i row, const float *xo) {
 #define DOTS4(i, row) DOTS3(i, row), f##i = dot_block(f##i, row, xb + 3 * (size_t)k)
 #define DOTS5(i, row) DOTS4(i, row), g##i = dot_block(g##i, row, xb + 4 * (size_t)k)
 #define DOTS6(i, row) DOTS5(i, row), h##i = dot_block(h##i, row, xb + 5 * (size_t)k)
+#define DOTS1_HIGH(i, row) b##i = dot_block(b##i, row, xb)  /* one row's outputs 8 + i, in sums b0..b7 */
 
 /* Rows first..first+3 (or +7) of the group rebuilt in pairs, each taken by the R rows of x into sums i = 0..3
    (0..7). */
@@ -182,14 +183,7 @@ static void q4_lookup_pass1(const uint8_t *w, int k, int nb, int strips, const f
         const float *xb = xo + (size_t)kb * Q4_K;
         __m512i r0, r1;
         TAKE8(1, 0);
-        q4_row_pair_bf16(group, d, m, 8, &r0, &r1);
-        b0 = dot_block(b0, r0, xb), b1 = dot_block(b1, r1, xb);
-        q4_row_pair_bf16(group, d, m, 10, &r0, &r1);
-        b2 = dot_block(b2, r0, xb), b3 = dot_block(b3, r1, xb);
-        q4_row_pair_bf16(group, d, m, 12, &r0, &r1);
-        b4 = dot_block(b4, r0, xb), b5 = dot_block(b5, r1, xb);
-        q4_row_pair_bf16(group, d, m, 14, &r0, &r1);
-        b6 = dot_block(b6, r0, xb), b7 = dot_block(b7, r1, xb);
+        TAKE8(1_HIGH, 8);
     }
     float *out = y + (size_t)nb * Q4_ROWS;
     STORE8(out, a);

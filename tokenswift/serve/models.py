@@ -25,33 +25,34 @@ DEFAULT_MODEL_NAME = "default: Austen & KJV, 16M (bundled)"
 DEFAULT_MODEL_DIR = ROOT / "assets" / "default-model"
 
 
-def allowlist() -> dict[str, str]:
+def allowlist(strict: bool = False) -> dict[str, str]:
     """Display name -> local directory or built-in model name. The bundled model comes first (the page's default;
     TOKENSWIFT_DEFAULT_MODEL replaces its directory), then the built-in models; extra entries come from
-    TOKENSWIFT_MODELS="name=path;name2=smollm2-135m"."""
+    TOKENSWIFT_MODELS="name=path;name2=smollm2-135m". An item that is not name=source is skipped, or with `strict`
+    raises ValueError naming the variable."""
     models = {DEFAULT_MODEL_NAME: os.environ.get("TOKENSWIFT_DEFAULT_MODEL") or str(DEFAULT_MODEL_DIR)}
     for model in BUILTIN_MODELS.values():
         models[f"{model.title} (fetched on first use)"] = model.name
-    for item in filter(None, (os.environ.get("TOKENSWIFT_MODELS") or "").split(";")):
+    for item in filter(None, (part.strip() for part in (os.environ.get("TOKENSWIFT_MODELS") or "").split(";"))):
         name, sep, path = item.partition("=")
         if sep and name.strip() and path.strip():
             models[name.strip()] = path.strip()
+        elif strict:
+            raise ValueError(f"TOKENSWIFT_MODELS: {shown(item)} is not name=folder (or name=built-in model's name); "
+                             "items are separated by ';'")
     return models
 
 
-def check_allowlist() -> None:
-    """Raise ValueError (one sentence naming the variable) where the operator's model settings cannot serve: an item of
-    TOKENSWIFT_MODELS that is not name=source, or an entry (TOKENSWIFT_DEFAULT_MODEL's too) naming neither a model
-    folder nor a built-in model. The server checks this before it starts, as it does its limits."""
-    for item in filter(None, (part.strip() for part in (os.environ.get("TOKENSWIFT_MODELS") or "").split(";"))):
-        name, sep, path = item.partition("=")
-        if not (sep and name.strip() and path.strip()):
-            raise ValueError(f"TOKENSWIFT_MODELS: {shown(item)} is not name=folder (or name=built-in model's name); "
-                             "items are separated by ';'")
-    for name, path in allowlist().items():
+def check_allowlist() -> dict[str, str]:
+    """The allowlist, or ValueError (one sentence naming the variable) where the operator's model settings cannot
+    serve: an item of TOKENSWIFT_MODELS that is not name=source, or an entry (TOKENSWIFT_DEFAULT_MODEL's too) naming
+    neither a model folder nor a built-in model. The server checks this before it starts, as it does its limits."""
+    models = allowlist(strict=True)
+    for name, path in models.items():
         if not is_builtin(path) and not (Path(path) / "config.json").is_file():
             variable = "TOKENSWIFT_DEFAULT_MODEL" if name == DEFAULT_MODEL_NAME else "TOKENSWIFT_MODELS"
             raise ValueError(f"{variable}: no model folder (one with a config.json) at {path}")
+    return models
 
 
 def entry_named(models: Mapping[str, str], name: str) -> str:
